@@ -1,0 +1,187 @@
+"""`pkg build`: source → fp32 reference → candidates under the quality budget → verified bundle.
+
+Every expensive result (dequantized folder, each export, each quality evaluation) is cached by the
+digest of its inputs, so an unchanged rebuild only re-checks the bundle.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+from packager.bundle import BundleInputs, existing_bundle_key, write_bundle
+from packager.cache import cached_json, digest_of
+from packager.errors import UserError
+from packager.export.builder import ExportOptions, ExportResult, check_architecture, export_decoder
+from packager.export.graph import check_decoder_graph
+from packager.paths import bundle_dir
+from packager.progress import StepProgress
+from packager.quantize import REFERENCE, budget_of, candidate_options
+from packager.sources import SourceModel, resolve_source
+from packager.spec import FunctionSpec
+from packager.verify import (
+    CandidateQuality,
+    QualityBudget,
+    QualityEvaluator,
+    ReferenceParity,
+    torch_parity,
+    write_quality_json,
+)
+from runtime.bundle import FORMAT_VERSION, BundleError, Manifest, open_bundle
+
+VERIFY_VERSION = 1  # bump when the quality method changes, to invalidate cached figures
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    spec: FunctionSpec
+    bundle: Path
+    manifest: Manifest
+    chosen: CandidateQuality
+    candidates: list[CandidateQuality]
+    parity: ReferenceParity
+    ops: Counter[str]
+    bundle_reused: bool
+
+
+class _Evaluator:
+    """Creates the `QualityEvaluator` (which computes reference logits) only when a figure is not cached."""
+
+    def __init__(self, reference: ExportResult, progress: StepProgress) -> None:
+        self._reference = reference
+        self._progress = progress
+        self._evaluator: QualityEvaluator | None = None
+
+    def get(self, report: Callable[[int, int], None]) -> QualityEvaluator:
+        if self._evaluator is None:
+            directory = self._reference.directory
+            self._evaluator = QualityEvaluator(
+                directory, directory / "tokenizer.json", _template(directory), progress=report
+            )
+        return self._evaluator
+
+
+def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult:
+    source = resolve_source(spec.model.source, spec.directory, progress)
+    architecture = check_architecture(source.hf_dir)
+    reference = _export(source, REFERENCE, progress)
+    parity = _parity(source, reference, progress)
+    budget = budget_of(spec.export)
+    evaluator = _Evaluator(reference, progress)
+
+    candidates: list[CandidateQuality] = []
+    chosen: tuple[ExportResult, CandidateQuality, Counter[str]] | None = None
+    for options in candidate_options(spec.export):
+        export = reference if options == REFERENCE else _export(source, options, progress)
+        ops = check_decoder_graph(export.directory / "model.onnx", options.precision)
+        quality = _verify(export, reference, budget, evaluator, progress)
+        candidates.append(quality)
+        if quality.passes:
+            chosen = (export, quality, ops)
+            break
+    if chosen is None:
+        raise UserError(_budget_failure(spec, candidates))
+
+    export, quality, ops = chosen
+    with tempfile.TemporaryDirectory() as tmp:
+        quality_path = Path(tmp) / "quality.json"
+        write_quality_json(quality_path, parity, candidates, quality.precision, budget)
+        quality_json = quality_path.read_bytes()
+    build_key = digest_of("bundle", FORMAT_VERSION, metadata.version("onnxfn"), spec.digest, export.key, quality_json)
+    target = bundle_dir(spec)
+    with progress.step("bundle", f"write and verify bundle {target}") as step:
+        manifest = _reuse_bundle(target, build_key)
+        if manifest is not None:
+            step.cached("inputs unchanged")
+        else:
+            inputs = BundleInputs(
+                spec,
+                export.directory,
+                export.digests,
+                source.hf_dir,
+                architecture,
+                quality.precision,
+                quality_json,
+                build_key,
+            )
+            write_bundle(inputs, target)
+            manifest = open_bundle(target).manifest
+    return BuildResult(spec, target, manifest, quality, candidates, parity, ops, bundle_reused=step.record.cached)
+
+
+def _verify(
+    export: ExportResult,
+    reference: ExportResult,
+    budget: QualityBudget,
+    evaluator: _Evaluator,
+    progress: StepProgress,
+) -> CandidateQuality:
+    precision = export.options.precision
+    with progress.step(f"verify {precision}", f"verify {precision} against fp32") as step:
+        key = digest_of("quality", VERIFY_VERSION, export.key, reference.key, asdict(budget))
+        data, reused = cached_json(
+            "quality",
+            key,
+            lambda: asdict(evaluator.get(step.update).evaluate(export.directory, precision, budget)),
+        )
+        if reused:
+            step.cached()
+    return CandidateQuality(**{**data, "failures": tuple(data["failures"])})
+
+
+def _export(source: SourceModel, options: ExportOptions, progress: StepProgress) -> ExportResult:
+    with progress.step(
+        f"export {options.precision}", f"export {options.precision} ONNX (onnxruntime-genai builder)"
+    ) as step:
+        result = export_decoder(source.hf_dir, source.content_key, options)
+        if result.reused:
+            step.cached()
+    return result
+
+
+def _parity(source: SourceModel, reference: ExportResult, progress: StepProgress) -> ReferenceParity:
+    with progress.step("parity", "check fp32 ONNX greedy tokens against PyTorch") as step:
+        directory = reference.directory
+        data, reused = cached_json(
+            "parity",
+            digest_of("parity", VERIFY_VERSION, reference.key),
+            lambda: asdict(torch_parity(source.hf_dir, directory, directory / "tokenizer.json", _template(directory))),
+        )
+        if reused:
+            step.cached()
+    parity = ReferenceParity(**data)
+    if parity.identical_greedy != parity.prompts:
+        raise UserError(
+            f"the fp32 ONNX export disagrees with PyTorch on {parity.prompts - parity.identical_greedy} of "
+            f"{parity.prompts} prompts (first divergences: {parity.first_divergence}); the export is wrong, not lossy"
+        )
+    return parity
+
+
+def _template(export_dir: Path) -> str | None:
+    path = export_dir / "chat_template.jinja"
+    return path.read_text() if path.is_file() else None
+
+
+def _reuse_bundle(target: Path, build_key: str) -> Manifest | None:
+    if existing_bundle_key(target) != build_key:
+        return None
+    try:
+        return open_bundle(target).manifest
+    except BundleError:
+        return None  # altered since it was built: write it again
+
+
+def _budget_failure(spec: FunctionSpec, candidates: list[CandidateQuality]) -> str:
+    lines = [f"no candidate precision of {spec.name} stays within the quality budget:"]
+    for c in candidates:
+        lines.append(
+            f"  {c.precision}: top-1 {c.top1_agreement:.3f}, mean KL {c.mean_kl:.4f}, "
+            f"perplexity +{c.perplexity_increase_pct:.1f}% -> {'; '.join(c.failures)}"
+        )
+    lines.append("loosen [export.quality] in function.toml or choose a less compressed export.precision")
+    return "\n".join(lines)

@@ -1,0 +1,164 @@
+"""Write a bundle atomically: assemble it in a temporary folder beside the target, then rename.
+
+An interrupted build leaves at most a `.bundle-tmp-*` folder (removed by the next build), never a
+folder named `bundle` with a manifest that does not match its files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from packager.errors import UserError
+from packager.spec import FunctionSpec
+from runtime.bundle import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    DecoderIO,
+    FileEntry,
+    Manifest,
+    ModelFacts,
+    file_digest,
+    manifest_bytes,
+)
+
+MODEL_FILES = ("model.onnx", "model.onnx.data")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+GENAI_CONFIG = "genai_config.json"
+QUALITY_FILE = "quality.json"
+
+
+@dataclass(frozen=True)
+class BundleInputs:
+    spec: FunctionSpec
+    export_dir: Path  # the chosen precision's export
+    export_digests: dict[str, dict[str, int | str]]
+    hf_dir: Path
+    architecture: str
+    precision: str
+    quality_json: bytes
+    build_key: str
+
+
+def model_facts(inputs: BundleInputs) -> ModelFacts:
+    genai = json.loads((inputs.export_dir / GENAI_CONFIG).read_text())["model"]
+    decoder = genai["decoder"]
+    hf_config = json.loads((inputs.hf_dir / "config.json").read_text())
+    template_path = inputs.export_dir / "chat_template.jinja"
+    template = template_path.read_text() if template_path.is_file() else _template_from_config(inputs.export_dir)
+    return ModelFacts(
+        task=inputs.spec.model.task,
+        architecture=inputs.architecture,
+        precision=inputs.precision,
+        num_layers=decoder["num_hidden_layers"],
+        num_heads=decoder["num_attention_heads"],
+        num_kv_heads=decoder["num_key_value_heads"],
+        head_dim=decoder["head_size"],
+        hidden_size=decoder["hidden_size"],
+        vocab_size=genai["vocab_size"],
+        context_length=min(genai["context_length"], inputs.spec.export.max_context),
+        kv_dtype="float32",
+        bos_token_id=genai.get("bos_token_id"),
+        eos_token_ids=_eos_ids(inputs.hf_dir, genai.get("eos_token_id"), hf_config.get("eos_token_id")),
+        pad_token_id=genai.get("pad_token_id"),
+        chat_template=template,
+        io=DecoderIO(
+            input_ids=decoder["inputs"]["input_ids"],
+            attention_mask=decoder["inputs"]["attention_mask"],
+            past_key=decoder["inputs"]["past_key_names"],
+            past_value=decoder["inputs"]["past_value_names"],
+            logits=decoder["outputs"]["logits"],
+            present_key=decoder["outputs"]["present_key_names"],
+            present_value=decoder["outputs"]["present_value_names"],
+        ),
+    )
+
+
+def _template_from_config(export_dir: Path) -> str | None:
+    config_path = export_dir / "tokenizer_config.json"
+    return json.loads(config_path.read_text()).get("chat_template") if config_path.is_file() else None
+
+
+def _eos_ids(hf_dir: Path, *declared: object) -> tuple[int, ...]:
+    """EOS ids from genai_config, config.json and generation_config.json (each an int or a list)."""
+    values = list(declared)
+    generation = hf_dir / "generation_config.json"
+    if generation.is_file():
+        values.append(json.loads(generation.read_text()).get("eos_token_id"))
+    ids: list[int] = []
+    for value in values:
+        for token_id in value if isinstance(value, list) else [value]:
+            if isinstance(token_id, int) and token_id not in ids:
+                ids.append(token_id)
+    return tuple(ids)
+
+
+def existing_bundle_key(target: Path) -> str | None:
+    try:
+        return json.loads((target / MANIFEST_NAME).read_text()).get("build_key")
+    except (OSError, ValueError):
+        return None
+
+
+def write_bundle(inputs: BundleInputs, target: Path) -> Manifest:
+    """Assemble the bundle in a temporary sibling folder and rename it onto `target`."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for stale in target.parent.glob(".bundle-tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".bundle-tmp-", dir=target.parent))
+    try:
+        manifest = _assemble(inputs, tmp)
+        _replace_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _assemble(inputs: BundleInputs, out: Path) -> Manifest:
+    files: dict[str, FileEntry] = {}
+    for name in (*MODEL_FILES, *TOKENIZER_FILES, GENAI_CONFIG):
+        source = inputs.export_dir / name
+        if not source.is_file():
+            if name in MODEL_FILES or name == "tokenizer.json":
+                raise UserError(f"the export at {inputs.export_dir} lacks {name}; delete it and rebuild")
+            continue
+        shutil.copyfile(source, out / name)
+        known = inputs.export_digests.get(name)
+        # Digests recorded when the export was cached; re-hash only files without one.
+        files[name] = FileEntry(**known) if known else file_digest(out / name)  # type: ignore[arg-type]
+    (out / QUALITY_FILE).write_bytes(inputs.quality_json)
+    files[QUALITY_FILE] = file_digest(out / QUALITY_FILE)
+    manifest = Manifest(
+        format_version=FORMAT_VERSION,
+        function=inputs.spec.name,
+        spec_digest=inputs.spec.digest,
+        model_file="model.onnx",
+        tokenizer_file="tokenizer.json",
+        model=model_facts(inputs),
+        files=files,
+        created_by={name: metadata.version(name) for name in ("onnxfn", "onnxruntime", "onnxruntime-genai")},
+        build_key=inputs.build_key,
+    )
+    manifest_path = out / MANIFEST_NAME
+    manifest_path.write_bytes(manifest_bytes(manifest.to_json()))
+    for path in out.iterdir():
+        with path.open("rb") as f:
+            os.fsync(f.fileno())
+    return manifest
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Swap `new` into `target`; at every instant `target` is the old bundle, absent, or the new one."""
+    if target.exists():
+        old = target.with_name(f".bundle-old-{os.getpid()}")
+        target.rename(old)
+        new.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        new.rename(target)

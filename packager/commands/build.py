@@ -1,0 +1,104 @@
+"""`pkg build functions/NAME`: export, quantize, verify and bundle; then print what was built."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from packager.build import BuildResult
+
+from packager.progress import StepProgress
+from packager.spec import load_spec
+
+console = Console()
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("build", help="export, quantize, verify and bundle a function")
+    parser.add_argument("function", type=Path, help="function folder holding function.toml")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here: the build pulls in onnx and the exporter, which other commands never need.
+    from packager.build import build_function
+
+    spec = load_spec(args.function)
+    progress = StepProgress()
+    start = time.perf_counter()
+    result = build_function(spec, progress)
+    elapsed = time.perf_counter() - start
+    _print_summary(result, progress, elapsed)
+    return 0
+
+
+def _print_summary(result: BuildResult, progress: StepProgress, elapsed: float) -> None:
+    manifest = result.manifest
+    facts = manifest.model
+    size = sum(f.size for f in manifest.files.values())
+    summary = Table(title=f"bundle {result.spec.name}", show_header=False)
+    summary.add_row("path", str(result.bundle))
+    summary.add_row("digest", manifest.digest)
+    summary.add_row("precision", f"{result.chosen.precision} ({_why(result)})")
+    summary.add_row("size", f"{size / 1e6:.1f} MB in {len(manifest.files)} files")
+    summary.add_row(
+        "model",
+        f"{facts.architecture}, {facts.num_layers} layers, {facts.num_heads} heads / "
+        f"{facts.num_kv_heads} KV heads, context {facts.context_length}, vocab {facts.vocab_size}",
+    )
+    fused = ("GroupQueryAttention", "MatMulNBits", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization")
+    summary.add_row(
+        "ops",
+        ", ".join(f"{op} {result.ops[op]}" for op in fused if result.ops[op]) + f"; {sum(result.ops.values())} nodes",
+    )
+    summary.add_row(
+        "parity", f"fp32 ONNX greedy = PyTorch on {result.parity.identical_greedy}/{result.parity.prompts} prompts"
+    )
+    console.print(summary)
+
+    quality = Table(title="quality against fp32 (budget in function.toml [export.quality])")
+    for column in ("precision", "top-1 agree", "mean KL", "max KL", "ppl +%", "greedy match", "verdict"):
+        quality.add_column(column, justify="right" if column != "verdict" else "left")
+    for c in result.candidates:
+        verdict = (
+            "[green]chosen[/]"
+            if c is result.chosen
+            else ("pass" if c.passes else f"[red]fail[/]: {'; '.join(c.failures)}")
+        )
+        quality.add_row(
+            c.precision,
+            f"{c.top1_agreement:.3f}",
+            f"{c.mean_kl:.4f}",
+            f"{c.max_kl:.3f}",
+            f"{c.perplexity_increase_pct:+.2f}",
+            f"{c.greedy_match_prompts}/{c.greedy_prompts}",
+            verdict,
+        )
+    console.print(quality)
+
+    steps = Table(title="steps")
+    for column in ("step", "seconds", "cache"):
+        steps.add_column(column)
+    for record in progress.records:
+        steps.add_row(record.name, f"{record.seconds:.1f}", "reused" if record.cached else "built")
+    steps.add_row("[bold]total[/]", f"[bold]{elapsed:.1f}[/]", "")
+    console.print(steps)
+    reused = "reused unchanged" if result.bundle_reused else "written"
+    console.print(
+        f"bundle {reused}: [bold]{result.bundle}[/]  (serve it: pkg deploy {result.spec.directory} --target local)"
+    )
+
+
+def _why(result: BuildResult) -> str:
+    if result.spec.export.precision != "auto":
+        return "set in function.toml"
+    rejected = [c.precision for c in result.candidates if not c.passes]
+    return (
+        f"auto: {', '.join(rejected)} broke the quality budget" if rejected else "auto: most compressed within budget"
+    )

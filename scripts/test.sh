@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# README command (b): set up if needed, then run the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec .venv/bin/python -m pytest -q "$@"
