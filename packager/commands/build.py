@@ -57,20 +57,15 @@ def _print_summary(result: BuildResult, progress: StepProgress, elapsed: float) 
         "ops",
         ", ".join(f"{op} {result.ops[op]}" for op in fused if result.ops[op]) + f"; {sum(result.ops.values())} nodes",
     )
-    summary.add_row(
-        "parity", f"fp32 ONNX greedy = PyTorch on {result.parity.identical_greedy}/{result.parity.prompts} prompts"
-    )
+    parity = result.parity
+    summary.add_row("parity", f"fp32 ONNX greedy = PyTorch on {parity.identical_greedy}/{parity.prompts} prompts")
     console.print(summary)
 
-    quality = Table(title="quality against fp32 (budget in function.toml [export.quality])")
+    quality = Table(title="quality against fp32 (budget: function.toml \\[export.quality])")
     for column in ("precision", "top-1 agree", "mean KL", "max KL", "ppl +%", "greedy match", "verdict"):
-        quality.add_column(column, justify="right" if column != "verdict" else "left")
+        quality.add_column(column, justify="left" if column == "verdict" else "right")
     for c in result.candidates:
-        verdict = (
-            "[green]chosen[/]"
-            if c is result.chosen
-            else ("pass" if c.passes else f"[red]fail[/]: {'; '.join(c.failures)}")
-        )
+        verdict = "pass" if c.passes else "[red]fail[/]"
         quality.add_row(
             c.precision,
             f"{c.top1_agreement:.3f}",
@@ -78,9 +73,12 @@ def _print_summary(result: BuildResult, progress: StepProgress, elapsed: float) 
             f"{c.max_kl:.3f}",
             f"{c.perplexity_increase_pct:+.2f}",
             f"{c.greedy_match_prompts}/{c.greedy_prompts}",
-            verdict,
+            "[green]chosen[/]" if c is result.chosen else verdict,
         )
     console.print(quality)
+    for c in result.candidates:
+        for failure in c.failures:
+            console.print(f"  [red]{c.precision}[/]: {failure}", highlight=False)
 
     steps = Table(title="steps")
     for column in ("step", "seconds", "cache"):
@@ -89,10 +87,9 @@ def _print_summary(result: BuildResult, progress: StepProgress, elapsed: float) 
         steps.add_row(record.name, f"{record.seconds:.1f}", "reused" if record.cached else "built")
     steps.add_row("[bold]total[/]", f"[bold]{elapsed:.1f}[/]", "")
     console.print(steps)
-    reused = "reused unchanged" if result.bundle_reused else "written"
-    console.print(
-        f"bundle {reused}: [bold]{result.bundle}[/]  (serve it: pkg deploy {result.spec.directory} --target local)"
-    )
+    state = "reused unchanged" if result.bundle_reused else "written"
+    console.print(f"bundle {state}: [bold]{result.bundle}[/]", highlight=False)
+    console.print(f"serve it with: pkg deploy {result.spec.directory} --target local", highlight=False)
 
 
 def _why(result: BuildResult) -> str:

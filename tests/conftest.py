@@ -1,0 +1,33 @@
+"""Session-wide fixtures: the real demo bundle, built once by the real `pkg build` pipeline."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_FUNCTION = REPO / "functions" / "smollm2-chat"
+
+
+@pytest.fixture(scope="session")
+def demo_bundle() -> Path:
+    """`build/smollm2-chat/bundle`, built (or reused from the content-addressed cache) for this session.
+
+    `ONNXFN_TEST_BUNDLE` points the suite at another bundle instead.
+    """
+    configured = os.environ.get("ONNXFN_TEST_BUNDLE")
+    if configured:
+        return Path(configured)
+    from packager.build import build_function
+    from packager.progress import StepProgress
+    from packager.spec import load_spec
+
+    previous = Path.cwd()
+    os.chdir(REPO)
+    try:
+        result = build_function(load_spec(DEMO_FUNCTION), StepProgress())
+    finally:
+        os.chdir(previous)
+    return REPO / result.bundle
