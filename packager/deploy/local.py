@@ -1,0 +1,355 @@
+"""The `local` target: the runtime's HTTP server as a detached background process on this machine.
+
+Everything about a deployment lives in `build/NAME/local/`: `state.json` (what runs where),
+`server.pid`, `server.log`, and `api-key` when the key was generated here. The same interface as every
+target: `plan(spec)` → `apply(plan)` → `status(spec)` → `destroy(spec)`.
+
+API key: `[endpoint] api_key_env` names the variable clients use. If it is set when deploying, the server
+reads it from the environment; if it is not, a random key is generated into `build/NAME/local/api-key`
+(mode 0600, kept across redeploys, removed by destroy) and the server reads that file. Without
+`api_key_env` the endpoint has no auth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from packager.errors import UserError
+from packager.paths import build_dir, bundle_dir
+from packager.spec import FunctionSpec
+from runtime.bundle import BundleError, read_manifest
+
+TARGET = "local"
+READY_TIMEOUT = 120.0
+STOP_TIMEOUT = 10.0
+LOG_TAIL_LINES = 25
+_POLL = 0.1
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """Where the server and clients find the key: `env` (a variable name), `file` (a path) or `none`."""
+
+    source: str
+    location: str = ""
+
+    def describe(self) -> str:
+        if self.source == "env":
+            return f"from ${self.location}"
+        if self.source == "file":
+            return f"generated into {self.location}"
+        return "none: the endpoint has no auth"
+
+    def server_flags(self) -> list[str]:
+        flag = {"env": "--api-key-env", "file": "--api-key-file"}.get(self.source)
+        return [flag, self.location] if flag else []
+
+    def read(self) -> str | None:
+        if self.source == "env":
+            key = os.environ.get(self.location, "").strip()
+            if not key:
+                raise UserError(f"the deployment reads its API key from ${self.location}, which is now unset")
+            return key
+        if self.source == "file":
+            return Path(self.location).read_text().strip()
+        return None
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    function: str
+    bundle: Path
+    bundle_digest: str
+    host: str
+    port: int  # 0 = a free port, chosen by `apply`
+    state_dir: Path
+    api_key: ApiKey
+    server_flags: tuple[str, ...]  # everything after `serve BUNDLE --host H --port P`
+
+
+@dataclass(frozen=True)
+class LocalDeployment:
+    """The contents of `state.json`."""
+
+    function: str
+    url: str
+    host: str
+    port: int
+    pid: int
+    bundle: str
+    bundle_digest: str
+    started_at: float  # epoch seconds
+    log_file: str
+    api_key_source: str
+    api_key_location: str
+    command: tuple[str, ...]
+
+    @property
+    def api_key(self) -> ApiKey:
+        return ApiKey(self.api_key_source, self.api_key_location)
+
+
+@dataclass(frozen=True)
+class TargetStatus:
+    """One row of `pkg status`; `state` is ready, starting, failed, unresponsive or exited."""
+
+    target: str
+    url: str
+    pid: int
+    bundle_digest: str
+    state: str
+    uptime_seconds: float | None
+    deployment: LocalDeployment
+
+
+def state_dir(spec: FunctionSpec) -> Path:
+    return build_dir(spec) / TARGET
+
+
+def plan(spec: FunctionSpec) -> LocalPlan:
+    bundle = bundle_dir(spec).resolve()
+    try:
+        manifest = read_manifest(bundle)
+    except BundleError as exc:
+        raise UserError(f"{exc}\nbuild it first: pkg build {spec.directory}") from exc
+    directory = state_dir(spec).resolve()
+    env_name = spec.endpoint.api_key_env
+    if env_name is None:
+        api_key = ApiKey("none")
+    elif os.environ.get(env_name, "").strip():
+        api_key = ApiKey("env", env_name)
+    else:
+        api_key = ApiKey("file", str(directory / "api-key"))
+    return LocalPlan(
+        function=spec.name,
+        bundle=bundle,
+        bundle_digest=manifest.digest,
+        host=spec.targets.local.host,
+        port=spec.targets.local.port,
+        state_dir=directory,
+        api_key=api_key,
+        server_flags=tuple(_server_flags(spec) + api_key.server_flags()),
+    )
+
+
+def _server_flags(spec: FunctionSpec) -> list[str]:
+    rt, endpoint = spec.runtime, spec.endpoint
+    flags = [
+        "--model-name", spec.name,
+        "--max-batch", str(rt.max_batch),
+        "--max-queue", str(rt.max_queue),
+        "--kv-memory-mb", str(rt.kv_memory_mb),
+        "--prefix-cache-mb", str(rt.prefix_cache_mb),
+        "--prefill-chunk", str(rt.prefill_chunk),
+        "--threads", str(rt.threads),
+        "--providers", ",".join(rt.providers),
+        "--temperature", str(rt.sampling.temperature),
+        "--top-p", str(rt.sampling.top_p),
+        "--max-tokens", str(rt.sampling.max_tokens),
+        "--max-tokens-limit", str(endpoint.max_tokens),
+    ]  # fmt: skip
+    if endpoint.max_prompt_tokens is not None:
+        flags += ["--max-prompt-tokens", str(endpoint.max_prompt_tokens)]
+    if rt.system_prompt:
+        flags += ["--system-prompt", rt.system_prompt]
+    return flags
+
+
+def apply(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDeployment:
+    """Start the server (stopping a previous deployment first) and wait until it is ready."""
+    _stop(plan.state_dir, forget_key=False)
+    plan.state_dir.mkdir(parents=True, exist_ok=True)
+    generated_key = plan.state_dir / "api-key"
+    if plan.api_key.source != "file":
+        generated_key.unlink(missing_ok=True)  # left by an earlier deploy that had no key in the environment
+    elif not generated_key.is_file():
+        _write_secret(generated_key, secrets.token_urlsafe(32))
+    port = plan.port or _free_port(plan.host)
+    command = (
+        sys.executable, "-m", "runtime", "serve", str(plan.bundle),
+        "--host", plan.host, "--port", str(port), *plan.server_flags,
+    )  # fmt: skip
+    log_file = plan.state_dir / "server.log"
+    with log_file.open("wb") as log:
+        # A session of its own: the server outlives `pkg`, and Ctrl-C in this terminal does not reach it.
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    deployment = LocalDeployment(
+        function=plan.function,
+        url=f"http://{_client_host(plan.host)}:{port}",
+        host=plan.host,
+        port=port,
+        pid=process.pid,
+        bundle=str(plan.bundle),
+        bundle_digest=plan.bundle_digest,
+        started_at=time.time(),
+        log_file=str(log_file),
+        api_key_source=plan.api_key.source,
+        api_key_location=plan.api_key.location,
+        command=command,
+    )
+    _save(plan.state_dir, deployment)
+    problem = _wait_ready(deployment, process, ready_timeout)
+    if problem is not None:
+        _stop(plan.state_dir)
+        raise UserError(f"{plan.function} did not start: {problem}\n{log_tail(log_file)}")
+    return deployment
+
+
+def status(spec: FunctionSpec) -> TargetStatus | None:
+    deployment = load(state_dir(spec))
+    if deployment is None:
+        return None
+    alive = _is_running(deployment)
+    return TargetStatus(
+        target=TARGET,
+        url=deployment.url,
+        pid=deployment.pid,
+        bundle_digest=deployment.bundle_digest,
+        state=_probe(deployment.url) if alive else "exited",
+        uptime_seconds=time.time() - deployment.started_at if alive else None,
+        deployment=deployment,
+    )
+
+
+def destroy(spec: FunctionSpec, *, timeout: float = STOP_TIMEOUT) -> LocalDeployment | None:
+    """Stop the server and remove its state (the log stays for post-mortems); None if nothing was deployed."""
+    return _stop(state_dir(spec), timeout=timeout)
+
+
+def load(directory: Path) -> LocalDeployment | None:
+    try:
+        data = json.loads((directory / "state.json").read_text())
+        data["command"] = tuple(data["command"])
+        return LocalDeployment(**data)
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UserError(f"{directory / 'state.json'} is corrupt ({exc}); delete {directory} and redeploy") from exc
+
+
+def log_tail(log_file: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        tail = log_file.read_text(errors="replace").splitlines()[-lines:]
+    except FileNotFoundError:
+        return f"(no log at {log_file})"
+    return f"last {len(tail)} lines of {log_file}:\n" + "\n".join("  " + line for line in tail)
+
+
+def _save(directory: Path, deployment: LocalDeployment) -> None:
+    (directory / "server.pid").write_text(f"{deployment.pid}\n")
+    temporary = directory / "state.json.tmp"
+    temporary.write_text(json.dumps(asdict(deployment), indent=2) + "\n")
+    temporary.replace(directory / "state.json")
+
+
+def _stop(directory: Path, *, timeout: float = STOP_TIMEOUT, forget_key: bool = True) -> LocalDeployment | None:
+    deployment = load(directory)
+    if deployment is None:
+        return None
+    if _is_running(deployment):
+        _terminate(deployment.pid, timeout)
+    for name in ("state.json", "server.pid"):
+        (directory / name).unlink(missing_ok=True)
+    if forget_key and deployment.api_key_source == "file":
+        Path(deployment.api_key_location).unlink(missing_ok=True)
+    return deployment
+
+
+def _terminate(pid: int, timeout: float) -> None:
+    """SIGTERM the server's process group (graceful: in-flight requests end), SIGKILL it after `timeout`."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return
+            time.sleep(_POLL / 2)
+    raise UserError(f"process {pid} survived SIGKILL; stop it by hand")
+
+
+def _wait_ready(deployment: LocalDeployment, process: subprocess.Popen[bytes], timeout: float) -> str | None:
+    """None once `/ready` answers 200; otherwise what went wrong."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code = process.poll()
+        if code is not None:
+            return f"the server exited with code {code}"
+        if _probe(deployment.url) == "ready":
+            return None
+        time.sleep(_POLL)
+    return f"the server was not ready after {timeout:.0f} s"
+
+
+def _probe(url: str) -> str:
+    try:
+        response = httpx.get(url + "/ready", timeout=2.0)
+    except httpx.HTTPError:
+        return "unresponsive"
+    if response.status_code == 200:
+        return "ready"
+    try:
+        failed = response.json().get("status") == "failed"
+    except ValueError:
+        return "unresponsive"  # something else answers on that port
+    return "failed" if failed else "starting"
+
+
+def _is_running(deployment: LocalDeployment) -> bool:
+    """The pid is alive and still our server (pids are reused once a process is gone)."""
+    if not _alive(deployment.pid):
+        return False
+    cmdline = Path(f"/proc/{deployment.pid}/cmdline")
+    if not cmdline.exists():
+        return True  # no procfs to check against: trust the pid
+    return cmdline.read_bytes().split(b"\0")[1:5] == [b"-m", b"runtime", b"serve", deployment.bundle.encode()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        reaped, _ = os.waitpid(pid, os.WNOHANG)  # when it is our own child, collect its exit status
+        if reaped == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    # A zombie (exited, parent has not reaped it yet) still answers signal 0.
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _client_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host
+
+
+def _write_secret(path: Path, value: str) -> None:
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(value + "\n")

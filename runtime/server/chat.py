@@ -1,0 +1,99 @@
+"""`POST /v1/chat/completions`: messages through the chat template into the engine, OpenAI shapes out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from runtime.engine.request import GenerationRequest, InvalidRequestError, SequenceOutput
+from runtime.server.disconnect import CancellableStream, unless_disconnected
+from runtime.server.encoding import WireFormat, decode_body
+from runtime.server.errors import APIError, from_engine_error
+from runtime.server.formatting import ResponseMeta, chat_logprob, check_prompt_length
+from runtime.server.generation import Generation
+from runtime.server.protocol import ChatRequest, parse_chat
+from runtime.server.state import ServerState, read_body
+
+CLIENT_CLOSED = 499  # nginx's status for "the client went away first"; only ever seen in metrics and logs
+
+
+async def create_chat_completion(state: ServerState, request: Request, wire: WireFormat) -> Response:
+    raw = await read_body(request, state.settings.max_body_bytes)
+    parsed = parse_chat(decode_body(raw, request.headers.get("content-type")), state.policy)
+    engine = state.require_engine()
+    try:
+        text = engine.tokenizer.apply_chat_template(list(parsed.messages), add_generation_prompt=True)
+    except InvalidRequestError as exc:
+        raise from_engine_error(exc) from exc
+    prompt = engine.tokenizer.encode(text)
+    check_prompt_length(len(prompt), state.policy.max_prompt_tokens, "messages")
+    meta = ResponseMeta.new("chatcmpl", state.policy.model_name, state.settings.fingerprint)
+    request_for_engine = GenerationRequest(meta.id, tuple(prompt), parsed.sampling)
+    generation = Generation(engine, [request_for_engine], state.metrics.timer(), prompt_param="messages")
+    if parsed.stream:
+        chunks = _stream(generation, meta, parsed, wire)
+        return CancellableStream(chunks, media_type=wire.stream_media_type)
+    finished, body = await unless_disconnected(request.receive, lambda: _collect(generation, meta, parsed))
+    return wire.response(body) if finished else Response(status_code=CLIENT_CLOSED)
+
+
+def _delta_choice(output: SequenceOutput, parsed: ChatRequest) -> dict[str, Any]:
+    logprobs = {"content": [chat_logprob(e) for e in output.logprobs]} if parsed.sampling.logprobs else None
+    return {"index": output.index, "delta": {"content": output.text}, "logprobs": logprobs, "finish_reason": None}
+
+
+async def _stream(
+    generation: Generation, meta: ResponseMeta, parsed: ChatRequest, wire: WireFormat
+) -> AsyncGenerator[bytes, None]:
+    def chunk(choices: list[dict[str, Any]]) -> bytes:
+        body = meta.envelope("chat.completion.chunk", choices)
+        if parsed.include_usage:
+            body["usage"] = None
+        return wire.frame(body)
+
+    try:
+        for index in range(parsed.sampling.n):
+            role = {"role": "assistant", "content": ""}
+            yield chunk([{"index": index, "delta": role, "logprobs": None, "finish_reason": None}])
+        async for _, output in generation.outputs():
+            if output.text or output.logprobs:
+                yield chunk([_delta_choice(output, parsed)])
+            if output.finish_reason is not None:
+                finish = output.finish_reason.value
+                yield chunk([{"index": output.index, "delta": {}, "logprobs": None, "finish_reason": finish}])
+        if parsed.include_usage:
+            yield wire.frame({**meta.envelope("chat.completion.chunk", []), "usage": generation.usage})
+        if end := wire.end_of_stream():
+            yield end
+    except APIError as err:
+        yield wire.frame(err.body())
+    finally:
+        generation.cancel()
+
+
+async def _collect(generation: Generation, meta: ResponseMeta, parsed: ChatRequest) -> dict[str, Any]:
+    n = parsed.sampling.n
+    texts: list[list[str]] = [[] for _ in range(n)]
+    logprobs: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+    finish: list[str | None] = [None] * n
+    try:
+        async for _, output in generation.outputs():
+            texts[output.index].append(output.text)
+            logprobs[output.index].extend(chat_logprob(e) for e in output.logprobs)
+            if output.finish_reason is not None:
+                finish[output.index] = output.finish_reason.value
+    finally:
+        generation.cancel()
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": "".join(texts[i])},
+            "logprobs": {"content": logprobs[i]} if parsed.sampling.logprobs else None,
+            "finish_reason": finish[i],
+        }
+        for i in range(n)
+    ]
+    return {**meta.envelope("chat.completion", choices), "usage": generation.usage}

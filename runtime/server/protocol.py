@@ -1,0 +1,302 @@
+"""OpenAI chat and completions request bodies, validated into the engine's `SamplingParams`.
+
+Field policy (the same for both endpoints):
+- Fields this server does not know are rejected with 400 `unknown_parameter`, as OpenAI does.
+- OpenAI fields with no effect here are accepted and ignored: `user`, `metadata`, `store`, `service_tier`,
+  `parallel_tool_calls`, `safety_identifier`, `prompt_cache_key`.
+- OpenAI features this server cannot honour are rejected with 400 `unsupported_parameter` when they would
+  change the result: tools and functions, non-text `response_format`, audio, predicted outputs,
+  completion `suffix`, `best_of` above `n`.
+- vLLM-style extensions are accepted (the openai client sends them through `extra_body`): `top_k`, `min_p`,
+  `repetition_penalty`, `ignore_eos`, `stop_token_ids`.
+- Unset sampling fields take the function's defaults (`temperature`, `top_p`, `max_tokens`), not OpenAI's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.engine.request import SamplingParams
+from runtime.server.errors import APIError, invalid_param
+from runtime.server.fields import BodyReader, show
+
+_IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier", "prompt_cache_key")
+_EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids")
+_COMMON = (
+    "model",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "seed",
+    *_IGNORED,
+    *_EXTENSIONS,
+)
+_CHAT_FIELDS = frozenset(
+    (
+        *_COMMON,
+        "messages",
+        "max_completion_tokens",
+        "logprobs",
+        "top_logprobs",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "functions",
+        "function_call",
+        "modalities",
+        "audio",
+        "prediction",
+    )
+)
+_COMPLETION_FIELDS = frozenset((*_COMMON, "prompt", "echo", "suffix", "logprobs", "best_of"))
+_MESSAGE_FIELDS = ("role", "content", "name")
+# Keys the openai SDK writes into assistant messages a client sends back as history; harmless while empty.
+_EMPTY_MESSAGE_FIELDS = ("tool_calls", "function_call", "refusal", "audio", "annotations", "tool_call_id")
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
+_INT64 = 2**63
+
+
+@dataclass(frozen=True)
+class RequestPolicy:
+    """What a request may ask for and what it gets when it does not say; set from the server's flags."""
+
+    model_name: str
+    vocab_size: int
+    default_temperature: float = 1.0
+    default_top_p: float = 1.0
+    default_max_tokens: int = 256
+    max_tokens_limit: int = 4096
+    max_prompt_tokens: int | None = None
+    max_n: int = 16
+    max_prompts: int = 16
+    max_stop: int = 16
+    system_prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: tuple[dict[str, str], ...]
+    sampling: SamplingParams
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompts: tuple[str | tuple[int, ...], ...]
+    sampling: SamplingParams
+    stream: bool
+    include_usage: bool
+    echo: bool
+
+
+def unsupported(param: str, message: str) -> APIError:
+    return invalid_param(param, message, code="unsupported_parameter")
+
+
+def parse_chat(body: Any, policy: RequestPolicy) -> ChatRequest:
+    reader = BodyReader(body, _CHAT_FIELDS)
+    _check_model(reader, policy)
+    _reject_chat_features(reader)
+    messages = _messages(reader.raw("messages"), policy)
+    logprobs = reader.boolean("logprobs", False)
+    top_logprobs = reader.integer("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
+    if reader.has("top_logprobs") and not logprobs:
+        raise invalid_param("top_logprobs", "'top_logprobs' needs 'logprobs' set to true")
+    limit_key = "max_completion_tokens" if reader.has("max_completion_tokens") else "max_tokens"
+    sampling = _sampling(reader, policy, limit_key=limit_key, logprobs=logprobs, top_logprobs=top_logprobs)
+    stream, include_usage = _stream_mode(reader)
+    return ChatRequest(messages=messages, sampling=sampling, stream=stream, include_usage=include_usage)
+
+
+def parse_completion(body: Any, policy: RequestPolicy) -> CompletionRequest:
+    reader = BodyReader(body, _COMPLETION_FIELDS)
+    _check_model(reader, policy)
+    prompts = _prompts(reader.raw("prompt"), policy)
+    if reader.raw("suffix") not in (None, ""):
+        raise unsupported("suffix", "'suffix' (text insertion) is not supported by this model")
+    top = reader.integer("logprobs", None, lo=0, hi=MAX_COMPLETION_LOGPROBS)
+    echo = reader.boolean("echo", False)
+    if echo and top is not None:
+        raise unsupported("echo", "'echo' with 'logprobs' needs prompt logprobs, which this server does not compute")
+    sampling = _sampling(reader, policy, limit_key="max_tokens", logprobs=top is not None, top_logprobs=top or 0)
+    best_of = reader.integer("best_of", None, lo=1)
+    if best_of is not None and best_of != sampling.n:
+        raise unsupported("best_of", f"'best_of' must equal 'n' ({sampling.n}); ranking candidates is not supported")
+    stream, include_usage = _stream_mode(reader)
+    return CompletionRequest(prompts=prompts, sampling=sampling, stream=stream, include_usage=include_usage, echo=echo)
+
+
+def _check_model(reader: BodyReader, policy: RequestPolicy) -> None:
+    model = reader.string("model", required=True)
+    if model != policy.model_name:
+        raise APIError(
+            404,
+            f"The model {model!r} does not exist; this server serves {policy.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def _stream_mode(reader: BodyReader) -> tuple[bool, bool]:
+    stream = reader.boolean("stream", False)
+    options = reader.nested("stream_options", ("include_usage", "include_obfuscation"))
+    if options is None:
+        return stream, False
+    if not stream:
+        raise invalid_param("stream_options", "'stream_options' is only allowed when 'stream' is true")
+    return stream, options.boolean("include_usage", False)
+
+
+def _reject_chat_features(reader: BodyReader) -> None:
+    for key in ("tools", "functions"):
+        if reader.raw(key) not in (None, []):
+            raise unsupported(key, f"'{key}' is not supported: this endpoint does not offer tool calling")
+    for key in ("tool_choice", "function_call"):
+        if reader.raw(key) not in (None, "none", "auto"):
+            raise unsupported(key, f"'{key}' = {show(reader.raw(key))} needs tools, which this endpoint does not offer")
+    response_format = reader.nested("response_format", ("type", "json_schema"))
+    if response_format is not None and response_format.string("type", required=True) != "text":
+        raise unsupported("response_format.type", "only the 'text' response format is supported")
+    if reader.raw("modalities") not in (None, ["text"]):
+        raise unsupported("modalities", "only the 'text' modality is supported")
+    for key in ("audio", "prediction"):
+        if reader.has(key):
+            raise unsupported(key, f"'{key}' is not supported by this model")
+
+
+def _sampling(
+    reader: BodyReader, policy: RequestPolicy, *, limit_key: str, logprobs: bool, top_logprobs: int
+) -> SamplingParams:
+    limit = policy.max_tokens_limit
+    max_tokens = reader.integer(limit_key, min(policy.default_max_tokens, limit), lo=1)
+    if max_tokens > limit:
+        raise invalid_param(limit_key, f"'{limit_key}' is {max_tokens}, above this endpoint's limit of {limit}")
+    top_k = reader.integer("top_k", 0, lo=-1)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=reader.number("temperature", policy.default_temperature, lo=0.0, hi=2.0),
+        top_p=reader.number("top_p", policy.default_top_p, lo=0.0, hi=1.0, above=True),
+        top_k=max(top_k, 0),  # vLLM spells "off" as -1
+        min_p=reader.number("min_p", 0.0, lo=0.0, hi=1.0),
+        repetition_penalty=reader.number("repetition_penalty", 1.0, lo=0.0, hi=10.0, above=True),
+        presence_penalty=reader.number("presence_penalty", 0.0, lo=-2.0, hi=2.0),
+        frequency_penalty=reader.number("frequency_penalty", 0.0, lo=-2.0, hi=2.0),
+        logit_bias=_logit_bias(reader.raw("logit_bias"), policy.vocab_size),
+        seed=reader.integer("seed", None, lo=-_INT64, hi=_INT64 - 1),
+        stop=_stop(reader.raw("stop"), policy.max_stop),
+        stop_token_ids=_token_ids(reader.raw("stop_token_ids"), "stop_token_ids", policy.vocab_size, allow_empty=True),
+        ignore_eos=reader.boolean("ignore_eos", False),
+        n=reader.integer("n", 1, lo=1, hi=policy.max_n),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+    )
+
+
+def _logit_bias(value: Any, vocab_size: int) -> dict[int, float]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid_param("logit_bias", f"'logit_bias' must map token ids to numbers, got {show(value)}")
+    bias: dict[int, float] = {}
+    for key, amount in value.items():
+        token = int(key) if isinstance(key, int) or (isinstance(key, str) and key.isdigit()) else -1
+        if not 0 <= token < vocab_size:
+            raise invalid_param("logit_bias", f"logit_bias key {show(key)} is not a token id in [0, {vocab_size})")
+        number_ok = isinstance(amount, int | float) and not isinstance(amount, bool)
+        if not number_ok or not -100 <= amount <= 100:
+            raise invalid_param("logit_bias", f"logit_bias[{key}] = {show(amount)}: expected a number in [-100, 100]")
+        bias[token] = float(amount)
+    return bias
+
+
+def _stop(value: Any, max_stop: int) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise invalid_param("stop", f"'stop' must be a non-empty string or a list of them, got {show(value)}")
+    if len(stops) > max_stop:
+        raise invalid_param("stop", f"'stop' has {len(stops)} sequences; at most {max_stop} are allowed")
+    return tuple(stops)
+
+
+def _token_ids(value: Any, param: str, vocab_size: int, *, allow_empty: bool) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    valid = isinstance(value, list) and (allow_empty or value)
+    if not valid or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in value):
+        raise invalid_param(param, f"'{param}' must be a list of token ids in [0, {vocab_size}), got {show(value)}")
+    return tuple(value)
+
+
+def _prompts(value: Any, policy: RequestPolicy) -> tuple[str | tuple[int, ...], ...]:
+    if value is None:
+        raise invalid_param("prompt", "'prompt' is required", code="missing_required_parameter")
+    if isinstance(value, str) or (isinstance(value, list) and value and isinstance(value[0], int)):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise invalid_param("prompt", f"'prompt' must be a string, a list of strings or token ids, got {show(value)}")
+    if len(value) > policy.max_prompts:
+        raise invalid_param("prompt", f"'prompt' holds {len(value)} prompts; at most {policy.max_prompts} are allowed")
+    prompts: list[str | tuple[int, ...]] = []
+    for item in value:
+        if isinstance(item, str):
+            if not item:
+                raise invalid_param("prompt", "'prompt' must not be empty")
+            prompts.append(item)
+        else:
+            prompts.append(_token_ids(item, "prompt", policy.vocab_size, allow_empty=False))
+    return tuple(prompts)
+
+
+def _messages(value: Any, policy: RequestPolicy) -> tuple[dict[str, str], ...]:
+    if value is None:
+        raise invalid_param("messages", "'messages' is required", code="missing_required_parameter")
+    if not isinstance(value, list) or not value:
+        raise invalid_param("messages", f"'messages' must be a non-empty list of messages, got {show(value)}")
+    messages = [_message(item, f"messages[{i}]") for i, item in enumerate(value)]
+    if policy.system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": policy.system_prompt})
+    return tuple(messages)
+
+
+def _message(item: Any, path: str) -> dict[str, str]:
+    reader = BodyReader(item, (*_MESSAGE_FIELDS, *_EMPTY_MESSAGE_FIELDS), path=path + ".")
+    for key in _EMPTY_MESSAGE_FIELDS:
+        if reader.raw(key) not in (None, [], ""):
+            raise unsupported(reader.name(key), f"'{reader.name(key)}' is not supported: no tool calling here")
+    role = reader.string("role", required=True)
+    if role not in _ROLES:
+        allowed = ", ".join(_ROLES)
+        raise invalid_param(reader.name("role"), f"role {show(role)} is not supported; use one of {allowed}")
+    reader.string("name")
+    return {"role": _ROLES[role], "content": _content(reader.raw("content"), reader.name("content"))}
+
+
+def _content(value: Any, path: str) -> str:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list) or not value:
+        raise invalid_param(path, f"'{path}' must be a string or a non-empty list of text parts, got {show(value)}")
+    texts = []
+    for j, part in enumerate(value):
+        part_path = f"{path}[{j}]."
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(kind, str) and kind != "text":
+            raise unsupported(part_path + "type", f"content part type {show(kind)} is not supported; use text")
+        part_reader = BodyReader(part, ("type", "text"), path=part_path)
+        part_reader.string("type", required=True)
+        texts.append(part_reader.string("text", required=True))
+    # vLLM joins text parts with newlines; follow it so the same request renders the same prompt.
+    return "\n".join(t for t in texts if t is not None)

@@ -1,0 +1,152 @@
+"""`python -m runtime serve BUNDLE_DIR`: the OpenAI-compatible HTTP server for one bundle.
+
+Every setting is a flag, so the runtime never reads the function spec: the packager (or a container's
+command line) translates the spec into flags. Heavy imports wait until `run`, so `--help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runtime.engine.engine import Engine, EngineConfig
+
+_PROCESS_START = time.perf_counter()
+log = logging.getLogger("runtime.server")
+
+# Flags that map one-to-one onto EngineConfig fields (unset flags keep EngineConfig's defaults).
+_ENGINE_FLAGS = ("max_batch", "max_queue", "prefill_chunk", "max_context", "threads")
+_PROBE_PATHS = ("/health", "/ready", "/metrics")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("serve", help="serve a bundle over an OpenAI-compatible HTTP API")
+    parser.add_argument("bundle", type=Path, metavar="BUNDLE_DIR", help="a bundle written by `pkg build`")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model-name", help="the model id clients send (default: the bundle's function name)")
+    auth = parser.add_argument_group("auth (neither flag: no auth)")
+    auth.add_argument("--api-key-env", metavar="NAME", help="read the bearer API key from $NAME")
+    auth.add_argument("--api-key-file", type=Path, metavar="PATH", help="read the bearer API key from a file")
+    engine = parser.add_argument_group("engine (unset: the engine's defaults)")
+    engine.add_argument("--max-batch", type=int, help="sequences decoded together (KV slots)")
+    engine.add_argument("--max-queue", type=int, help="requests waiting beyond that before 429")
+    engine.add_argument("--kv-memory-mb", type=int, help="KV cache budget")
+    engine.add_argument("--prefix-cache-mb", type=int, help="prefix cache budget")
+    engine.add_argument("--prefill-chunk", type=int, help="prompt tokens per prefill step")
+    engine.add_argument("--max-context", type=int, help="context length cap (default: the model's)")
+    engine.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
+    engine.add_argument("--providers", help="execution providers in order, comma-separated (cpu,cuda,tensorrt)")
+    engine.add_argument("--no-verify", action="store_true", help="skip hashing the bundle's files at start")
+    requests = parser.add_argument_group("requests")
+    requests.add_argument("--temperature", type=float, default=1.0, help="default temperature")
+    requests.add_argument("--top-p", type=float, default=1.0, help="default top_p")
+    requests.add_argument("--max-tokens", type=int, default=256, help="default max_tokens")
+    requests.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a client may ask")
+    requests.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted (default: context)")
+    requests.add_argument("--system-prompt", help="used when a chat has no system message; its KV is pre-warmed")
+    requests.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request bodies above this get 413")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn
+
+    from runtime.bundle import BundleError, read_manifest
+    from runtime.server.app import create_app
+    from runtime.server.auth import AuthConfigError, load_api_key
+    from runtime.server.protocol import RequestPolicy
+    from runtime.server.state import ServerSettings
+
+    try:
+        manifest = read_manifest(args.bundle)
+        api_key = load_api_key(args.api_key_env, args.api_key_file)
+    except (BundleError, AuthConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    policy = RequestPolicy(
+        model_name=args.model_name or manifest.function,
+        vocab_size=manifest.model.vocab_size,
+        default_temperature=args.temperature,
+        default_top_p=args.top_p,
+        default_max_tokens=args.max_tokens,
+        max_tokens_limit=args.max_tokens_limit,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_n=args.max_batch or 16,
+        system_prompt=args.system_prompt,
+    )
+    settings = ServerSettings(
+        policy=policy,
+        api_key=api_key,
+        max_body_bytes=args.max_body_bytes,
+        fingerprint="fp_" + manifest.digest.removeprefix("sha256:")[:12],
+    )
+    # Bind before loading anything: a taken port fails in milliseconds, not after the model has loaded.
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    try:
+        listener = socket.create_server((args.host, args.port), family=family)
+    except OSError as exc:
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    args.port = listener.getsockname()[1]
+    if api_key is None:
+        log.warning("no API key configured: /v1/* is open to anyone who can reach %s:%d", args.host, args.port)
+
+    def stop_server() -> None:
+        server.should_exit = True
+
+    app = create_app(settings, lambda: load_engine(args, policy.model_name), on_load_failure=stop_server)
+    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on")
+    server = uvicorn.Server(config)
+    logging.getLogger("uvicorn.access").addFilter(_skip_probes)
+    server.run(sockets=[listener])
+    return 1 if app.state.server.load_error is not None else 0
+
+
+def _skip_probes(record: logging.LogRecord) -> bool:
+    """Keep health checks and scrapes (several a second while starting) out of the access log."""
+    args = record.args
+    return not (isinstance(args, tuple) and len(args) > 2 and args[2] in _PROBE_PATHS)
+
+
+def load_engine(args: argparse.Namespace, model_name: str) -> Engine:
+    from runtime.engine.engine import EngineConfig
+
+    overrides: dict[str, Any] = {name: getattr(args, name) for name in _ENGINE_FLAGS if getattr(args, name)}
+    if args.kv_memory_mb is not None:
+        overrides["kv_memory_bytes"] = args.kv_memory_mb << 20
+    if args.prefix_cache_mb is not None:
+        overrides["prefix_cache_bytes"] = args.prefix_cache_mb << 20
+    if args.providers:
+        overrides["providers"] = tuple(p.strip() for p in args.providers.split(",") if p.strip())
+    engine = start_engine(
+        args.bundle, EngineConfig(**overrides), verify=not args.no_verify, system_prompt=args.system_prompt
+    )
+    elapsed = time.perf_counter() - _PROCESS_START
+    log.info("serving %s on http://%s:%d (%.2f s after start)", model_name, args.host, args.port, elapsed)
+    return engine
+
+
+def start_engine(
+    bundle_dir: Path, config: EngineConfig, *, verify: bool = True, system_prompt: str | None = None
+) -> Engine:
+    """Open (and verify) the bundle, start the engine, pre-warm the system prompt's KV in the prefix cache."""
+    from runtime.bundle import open_bundle
+    from runtime.engine.engine import Engine
+
+    engine = Engine(open_bundle(bundle_dir, verify=verify), config)
+    engine.start()
+    if system_prompt:
+        system = [{"role": "system", "content": system_prompt}]
+        prefix = engine.tokenizer.encode(engine.tokenizer.apply_chat_template(system, add_generation_prompt=False))
+        cached = engine.warm_prefix(prefix)
+        log.info("system prompt: %d tokens, %d of them pre-warmed in the prefix cache", len(prefix), cached)
+    return engine

@@ -1,0 +1,85 @@
+"""What the handlers share: settings, the engine once loaded, auth and metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+
+from runtime.server.auth import BearerAuth
+from runtime.server.errors import APIError, unavailable
+from runtime.server.metrics import ServerMetrics
+from runtime.server.protocol import RequestPolicy
+
+if TYPE_CHECKING:
+    from runtime.engine.engine import Engine
+
+log = logging.getLogger("runtime.server")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    policy: RequestPolicy
+    api_key: str | None = None
+    max_body_bytes: int = 1 << 20
+    # Names the bundle in every response (OpenAI's `system_fingerprint`), so a client can tell builds apart.
+    fingerprint: str | None = None
+
+
+class ServerState:
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.policy = settings.policy
+        self.auth = BearerAuth(settings.api_key)
+        self.metrics = ServerMetrics(lambda: self.engine.stats() if self.engine is not None else None)
+        self.engine: Engine | None = None
+        self.load_error: str | None = None
+        self.created = int(time.time())
+
+    def load(self, load_engine: Callable[[], Engine]) -> bool:
+        """Load the engine (called on a background thread so `/health` answers meanwhile)."""
+        started = time.perf_counter()
+        try:
+            self.engine = load_engine()
+        except Exception as exc:
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            log.exception("the engine failed to load")
+            return False
+        log.info("engine ready in %.2f s", time.perf_counter() - started)
+        return True
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+
+    def require_engine(self) -> Engine:
+        if self.engine is not None:
+            return self.engine
+        if self.load_error is not None:
+            raise unavailable(f"the model failed to load: {self.load_error}")
+        raise unavailable("the model is still loading; retry shortly (GET /ready reports when it is up)")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing (413) anything over `limit` bytes before reading more than that."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(int(declared), limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> APIError:
+    return APIError(
+        413, f"the request body is at least {size} bytes; the limit is {limit} bytes", code="request_too_large"
+    )

@@ -1,0 +1,187 @@
+"""`pkg deploy|status|invoke|destroy --target local`, run as a user would: the real CLI in a subprocess.
+
+Each test works in its own folder holding `functions/NAME/function.toml` and `build/NAME/bundle` (a link to
+the demo bundle), so deployments never touch the repository's `build/`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.conftest import DEMO_FUNCTION
+
+pytestmark = pytest.mark.real_model
+
+FUNCTION = "smollm2-chat"
+KEY_ENV = "ONNXFN_API_KEY"
+
+
+class Workspace:
+    def __init__(self, root: Path, bundle: Path) -> None:
+        self.root = root
+        self.bundle = bundle
+        # A wide terminal, so rich does not wrap the messages the tests look for.
+        self.env = {**{k: v for k, v in os.environ.items() if k != KEY_ENV}, "COLUMNS": "250"}
+
+    def add_function(self, name: str, toml: str | None = None) -> Path:
+        folder = self.root / "functions" / name
+        folder.mkdir(parents=True)
+        spec = (DEMO_FUNCTION / "function.toml").read_text() if toml is None else toml
+        (folder / "function.toml").write_text(spec)
+        build = self.root / "build" / name
+        build.mkdir(parents=True)
+        (build / "bundle").symlink_to(self.bundle)
+        return folder
+
+    def pkg(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "packager.cli", *args],
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def state(self, name: str = FUNCTION) -> dict[str, object]:
+        return json.loads((self.root / "build" / name / "local" / "state.json").read_text())
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, demo_bundle: Path) -> Iterator[Workspace]:
+    space = Workspace(tmp_path, demo_bundle.resolve())
+    yield space
+    # Never leave a server behind, whatever the test did.
+    for state_file in tmp_path.glob("build/*/local/state.json"):
+        pid = json.loads(state_file.read_text())["pid"]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def pid_alive(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def client_for(state: dict[str, object], key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{state['url']}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def test_deploy_invoke_redeploy_destroy(workspace: Workspace) -> None:
+    folder = str(workspace.add_function(FUNCTION).relative_to(workspace.root))
+
+    nothing = workspace.pkg("invoke", folder, "Hello")
+    assert nothing.returncode == 1
+    assert f"{FUNCTION} is not deployed" in nothing.stderr
+    assert "Traceback" not in nothing.stderr
+
+    deployed = workspace.pkg("deploy", folder, "--target", "local")
+    assert deployed.returncode == 0, deployed.stderr
+    first = workspace.state()
+    assert str(first["url"]) in deployed.stdout
+    assert "generated into" in deployed.stdout
+    key_file = Path(str(first["api_key_location"]))
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    key = key_file.read_text().strip()
+
+    # The spec reached the server: its name is the model id, its defaults (greedy) make replies repeatable.
+    client = client_for(first, key)
+    assert [m.id for m in client.models.list().data] == [FUNCTION]
+    question = [{"role": "user", "content": "What is 2 + 2?"}]
+    reply = client.chat.completions.create(model=FUNCTION, messages=question, max_tokens=8)
+    again = client.chat.completions.create(model=FUNCTION, messages=question, max_tokens=8)
+    assert reply.choices[0].message.content == again.choices[0].message.content
+    with pytest.raises(openai.AuthenticationError):
+        client_for(first, "not-the-key").models.list()
+
+    invoked = workspace.pkg("invoke", folder, "What is 2 + 2?", "--max-tokens", "8")
+    assert invoked.returncode == 0, invoked.stderr
+    assert invoked.stdout == f"{reply.choices[0].message.content}\n"
+    assert "completion tokens" in invoked.stderr
+
+    status = workspace.pkg("status", folder)
+    assert status.returncode == 0
+    assert "ready" in status.stdout
+    assert str(first["pid"]) in status.stdout
+
+    # Redeploy with the key now in the environment: the old server goes, the generated key goes.
+    workspace.env[KEY_ENV] = "key-from-the-environment"
+    redeployed = workspace.pkg("deploy", folder)
+    assert redeployed.returncode == 0, redeployed.stderr
+    second = workspace.state()
+    assert second["pid"] != first["pid"]
+    assert not pid_alive(int(str(first["pid"])))
+    assert "replaced" in redeployed.stdout
+    assert f"from ${KEY_ENV}" in redeployed.stdout
+    assert not key_file.exists()
+    assert [m.id for m in client_for(second, "key-from-the-environment").models.list().data] == [FUNCTION]
+
+    destroyed = workspace.pkg("destroy", folder, "--target", "local")
+    assert destroyed.returncode == 0, destroyed.stderr
+    assert not pid_alive(int(str(second["pid"])))
+    local_dir = workspace.root / "build" / FUNCTION / "local"
+    assert sorted(p.name for p in local_dir.iterdir()) == ["server.log"]
+    assert "Application startup complete" in (local_dir / "server.log").read_text()
+
+    assert "nothing to do" in workspace.pkg("destroy", folder).stdout
+    assert "is not deployed" in workspace.pkg("status", folder).stdout
+    assert workspace.pkg("invoke", folder, "Hello").returncode == 1
+
+
+def test_a_server_that_cannot_start_fails_the_deploy_with_its_log(workspace: Workspace) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        spec = f'name = "busy"\n[model]\nsource = "hf:unused"\n[targets.local]\nport = {port}\n'
+        folder = str(workspace.add_function("busy", spec).relative_to(workspace.root))
+        started = time.monotonic()
+        result = workspace.pkg("deploy", folder)
+    assert result.returncode == 1
+    assert "busy did not start: the server exited with code 1" in result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr
+    assert "Traceback" not in result.stderr.split("last")[0]
+    assert time.monotonic() - started < 30
+    assert not (workspace.root / "build" / "busy" / "local" / "state.json").exists()
+
+
+def test_deploy_without_a_bundle_says_to_build(workspace: Workspace) -> None:
+    folder = workspace.add_function(FUNCTION)
+    (workspace.root / "build" / FUNCTION / "bundle").unlink()
+    result = workspace.pkg("deploy", str(folder.relative_to(workspace.root)))
+    assert result.returncode == 1
+    assert "pkg build functions/smollm2-chat" in result.stderr
+    assert not (workspace.root / "build" / FUNCTION / "local").exists()
+
+
+def test_a_crashed_server_shows_as_exited_and_destroy_still_cleans_up(workspace: Workspace) -> None:
+    folder = str(workspace.add_function(FUNCTION).relative_to(workspace.root))
+    assert workspace.pkg("deploy", folder).returncode == 0
+    pid = int(str(workspace.state()["pid"]))
+    os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    status = workspace.pkg("status", folder)
+    assert "exited" in status.stdout
+    assert "server.log" in status.stdout
+    invoked = workspace.pkg("invoke", folder, "Hello")
+    assert invoked.returncode == 1
+    assert f"the local deployment of {FUNCTION} is not serving (state: exited" in invoked.stderr
+    destroyed = workspace.pkg("destroy", folder)
+    assert destroyed.returncode == 0
+    assert f"stopped {FUNCTION}" in destroyed.stdout
+    assert not (workspace.root / "build" / FUNCTION / "local" / "state.json").exists()
