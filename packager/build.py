@@ -33,7 +33,7 @@ from packager.verify import (
 )
 from runtime.bundle import FORMAT_VERSION, BundleError, Manifest, open_bundle
 
-VERIFY_VERSION = 1  # bump when the quality method changes, to invalidate cached figures
+VERIFY_VERSION = 2  # bump when the quality method changes, to invalidate cached figures
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,9 @@ def _verify(
         data, reused = cached_json(
             "quality",
             key,
-            lambda: asdict(evaluator.get(step.update).evaluate(export.directory, precision, budget)),
+            lambda: asdict(
+                evaluator.get(step.update).evaluate(export.directory, precision, budget, progress=step.update)
+            ),
         )
         if reused:
             step.cached()
