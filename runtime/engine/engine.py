@@ -1,0 +1,300 @@
+"""The engine: a background thread stepping the scheduler, and the API every frontend codes against.
+
+`submit` validates a request and queues it; the step loop admits it, prefills it in chunks and
+decodes it alongside everything else running, pushing one `SequenceOutput` per token into the
+request's `RequestStream`. Timing for metrics: each stream records `submitted_at` and
+`first_output_at`, and the optional `on_step` callback receives a `StepReport` after every step
+(batch size, tokens, and the TTFT / time per output token of requests that reached those points).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from runtime.bundle import Bundle
+from runtime.engine.kv_cache import KVPool, PrefixCache, context_for_budget
+from runtime.engine.output import OutputProcessor
+from runtime.engine.request import (
+    EngineError,
+    GenerationRequest,
+    SamplingParams,
+    SequenceOutput,
+)
+from runtime.engine.runner import ModelRunner
+from runtime.engine.sampling import SequenceSampler
+from runtime.engine.scheduler import RequestState, Scheduler, SequenceState
+from runtime.engine.session import DecoderSession, SessionOptions, create_session
+from runtime.engine.stream import RequestStream
+from runtime.engine.tokenizer import Tokenizer
+from runtime.engine.validation import validate_request
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_batch: int = 8  # slots
+    max_queue: int = 64
+    kv_memory_bytes: int = 512 << 20
+    prefix_cache_bytes: int = 128 << 20
+    prefill_chunk: int = 64
+    max_context: int | None = None  # None = manifest context_length, clamped by the KV budget
+    threads: int = 2
+    providers: tuple[str, ...] = ("cpu",)
+    allow_spinning: bool = False  # ORT intra-op spin-wait: off measured 1.5-2x faster on a contended host
+    prefix_block_size: int = 32
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot; counters (tokens, steps, hits) grow from engine creation."""
+
+    queued: int  # requests waiting for slots
+    running: int  # requests holding slots (prefilling or decoding)
+    kv_used_bytes: int  # KV of the tokens computed so far by running sequences
+    kv_capacity_bytes: int
+    prefix_cache_bytes: int
+    prefix_hits: int
+    tokens_in: int
+    tokens_out: int
+    steps: int
+    last_batch_size: int
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    request_id: str
+    time_to_first_token: float  # seconds from submit to the first token
+    time_per_output_token: float  # seconds per token after the first (0 with one token)
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class StepReport:
+    duration: float  # seconds
+    batch_size: int  # sequences decoded this step
+    prefill_tokens: int
+    decode_tokens: int
+    first_tokens: tuple[float, ...]  # TTFT of each request whose first token came this step
+    finished: tuple[RequestTiming, ...]
+    queued: int
+    kv_used_bytes: int
+
+
+class Engine:
+    def __init__(
+        self,
+        bundle: Bundle,
+        config: EngineConfig = EngineConfig(),  # frozen, so sharing the default is safe
+        on_step: Callable[[StepReport], None] | None = None,
+    ) -> None:
+        facts = bundle.manifest.model
+        self.config = config
+        self._facts = facts
+        self.max_context = context_for_budget(facts, config.max_batch, config.kv_memory_bytes, config.max_context)
+        self.tokenizer = Tokenizer(bundle.tokenizer_path, facts.chat_template, facts.bos_token_id, facts.eos_token_ids)
+        self._pool = KVPool(facts, config.max_batch, self.max_context)
+        self._prefix_cache = PrefixCache(config.prefix_block_size, config.prefix_cache_bytes)
+        session = create_session(
+            bundle.model_path, SessionOptions(config.threads, config.providers, config.allow_spinning)
+        )
+        decoder = DecoderSession(
+            session, facts.io, facts.num_layers, self._pool.tensors, facts.vocab_size, config.max_batch,
+            config.prefill_chunk,
+        )  # fmt: skip
+        self._runner = ModelRunner(decoder, self._pool, self._prefix_cache)
+        self._scheduler = Scheduler(self._pool, self._prefix_cache, config.max_queue, config.prefill_chunk)
+        self._on_step = on_step
+        self._streams: dict[str, RequestStream] = {}
+        self._wakeup = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._tokens_in = self._tokens_out = self._steps = self._last_batch = 0
+        self._warm_ids = itertools.count()
+
+    # Lifecycle.
+    def start(self) -> None:
+        with self._wakeup:
+            if self._thread is not None:
+                return
+            self._stopping = False
+            self._thread = threading.Thread(target=self._loop, name="onnxfn-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        with self._wakeup:
+            thread, self._thread = self._thread, None
+            self._stopping = True
+            self._wakeup.notify()
+        if thread is not None:
+            thread.join()
+        for stream in list(self._streams.values()):
+            self._scheduler.abort(stream.request_id)
+        self._step()
+
+    # Requests.
+    def submit(self, request: GenerationRequest, *, prompt_param: str = "prompt") -> RequestStream:
+        """Queue `request`; `prompt_param` names the client field errors about the prompt point at."""
+        validate_request(request, self._facts.vocab_size, self.max_context, self.config.max_batch, prompt_param)
+        now = time.perf_counter()
+        group = RequestState(request, submitted_at=now)
+        group.sequences = [self._sequence(group, i) for i in range(request.sampling.n)]
+        stream = RequestStream(request.request_id, now, self.abort)
+        with self._wakeup:
+            if request.request_id in self._streams:
+                raise EngineError(f"request id {request.request_id!r} is already in flight")
+            self._scheduler.add(group)
+            self._streams[request.request_id] = stream
+            self._wakeup.notify()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        self._scheduler.abort(request_id)
+        with self._wakeup:
+            self._wakeup.notify()
+
+    def generate(self, request: GenerationRequest, *, prompt_param: str = "prompt") -> list[SequenceOutput]:
+        """Run `request` to completion; one merged output per sequence index."""
+        self.start()
+        merged: dict[int, list[SequenceOutput]] = {}
+        for output in self.submit(request, prompt_param=prompt_param):
+            merged.setdefault(output.index, []).append(output)
+        return [_merge(merged[i]) for i in sorted(merged)]
+
+    def warm_prefix(self, token_ids: list[int] | tuple[int, ...]) -> int:
+        """Compute and keep the KV of `token_ids`' full blocks; returns how many tokens are cached."""
+        request_id = f"warm-prefix-{next(self._warm_ids)}"
+        self.generate(GenerationRequest(request_id, tuple(token_ids), SamplingParams(max_tokens=1, temperature=0)))
+        return len(token_ids) // self._prefix_cache.block_size * self._prefix_cache.block_size
+
+    def stats(self) -> EngineStats:
+        scheduler = self._scheduler
+        computed = sum(s.num_computed for g in list(scheduler.running) for s in g.sequences if s.slot >= 0)
+        return EngineStats(
+            queued=len(scheduler.waiting),
+            running=len(scheduler.running),
+            kv_used_bytes=computed * self._pool.bytes_per_token,
+            kv_capacity_bytes=self._pool.capacity_bytes,
+            prefix_cache_bytes=self._prefix_cache.used_bytes,
+            prefix_hits=self._prefix_cache.hits,
+            tokens_in=self._tokens_in,
+            tokens_out=self._tokens_out,
+            steps=self._steps,
+            last_batch_size=self._last_batch,
+        )
+
+    # The step loop.
+    def step(self) -> StepReport:
+        """Run one scheduling step on the caller's thread (tests; the loop does this once started)."""
+        if self._thread is not None:
+            raise RuntimeError("the engine's step loop is running; step() is for an engine that was not started")
+        return self._step()
+
+    def _loop(self) -> None:
+        while True:
+            with self._wakeup:
+                while not self._stopping and not self._scheduler.has_work():
+                    self._wakeup.wait()
+                if self._stopping:
+                    return
+            try:
+                self._step()
+            except Exception as exc:
+                self._fail_all(exc)
+
+    def _step(self) -> StepReport:
+        started = time.perf_counter()
+        work = self._scheduler.schedule()
+        for group in work.aborted:
+            for seq in group.sequences:
+                self._push(group, seq.output.aborted(), started)
+        results = self._runner.execute(work)
+        now = time.perf_counter()
+        first_tokens: list[float] = []
+        finished: list[RequestTiming] = []
+        for seq, choice in results:
+            group = seq.group
+            if group.first_token_at is None:
+                group.first_token_at = now
+                first_tokens.append(now - group.submitted_at)
+            output = seq.output.process(choice)
+            if output.finish_reason is not None:
+                self._scheduler.finish(seq)
+                if group.finished:
+                    finished.append(_timing(group, now))
+            self._push(group, output, now)
+        prefill_tokens = sum(c.stop - c.start for c in work.prefills)
+        self._tokens_in += prefill_tokens
+        self._tokens_out += len(results)
+        self._steps += 1
+        self._last_batch = len(work.decode)
+        report = StepReport(
+            duration=time.perf_counter() - started,
+            batch_size=len(work.decode),
+            prefill_tokens=prefill_tokens,
+            decode_tokens=len(work.decode),
+            first_tokens=tuple(first_tokens),
+            finished=tuple(finished),
+            queued=len(self._scheduler.waiting),
+            kv_used_bytes=sum(s.num_computed for s in work.decode) * self._pool.bytes_per_token,
+        )
+        if self._on_step is not None:
+            self._on_step(report)
+        return report
+
+    def _push(self, group: RequestState, output: SequenceOutput, now: float) -> None:
+        stream = self._streams.get(group.request.request_id)
+        if stream is None:
+            return
+        stream.push(output, now)
+        if group.finished:
+            with self._wakeup:
+                self._streams.pop(group.request.request_id, None)
+            stream.close()
+
+    def _fail_all(self, exc: Exception) -> None:
+        """A step crashed: end every request with the error and start from a clean slate."""
+        self._scheduler.reset()
+        with self._wakeup:
+            streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            stream.push(EngineError(f"the engine failed while running this request: {exc!r}"), time.perf_counter())
+            stream.close()
+
+    def _sequence(self, group: RequestState, index: int) -> SequenceState:
+        request = group.request
+        params = request.sampling
+        output = OutputProcessor(
+            self.tokenizer, params, self._facts.eos_token_ids, request.request_id, index,
+            len(request.prompt_token_ids), self.max_context,
+        )  # fmt: skip
+        return SequenceState(group, index, SequenceSampler(params, request.prompt_token_ids, index), output)
+
+
+def _timing(group: RequestState, now: float) -> RequestTiming:
+    first = group.first_token_at or now
+    completion = max(s.output.completion_tokens for s in group.sequences)
+    return RequestTiming(
+        request_id=group.request.request_id,
+        time_to_first_token=first - group.submitted_at,
+        time_per_output_token=(now - first) / (completion - 1) if completion > 1 else 0.0,
+        prompt_tokens=group.prompt_len,
+        completion_tokens=sum(s.output.completion_tokens for s in group.sequences),
+    )
+
+
+def _merge(outputs: list[SequenceOutput]) -> SequenceOutput:
+    last = outputs[-1]
+    return SequenceOutput(
+        request_id=last.request_id,
+        index=last.index,
+        token_ids=tuple(t for o in outputs for t in o.token_ids),
+        text="".join(o.text for o in outputs),
+        logprobs=tuple(lp for o in outputs for lp in o.logprobs),
+        finish_reason=last.finish_reason,
+        prompt_tokens=last.prompt_tokens,
+        completion_tokens=last.completion_tokens,
+    )

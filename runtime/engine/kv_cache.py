@@ -1,0 +1,158 @@
+"""KV memory: the slot pool every sequence decodes in, and the prefix cache of reusable KV blocks.
+
+The pool holds, per cache tensor, `[slots, kv_heads, max_context, head_dim]`. Occupied slots are
+always `0 .. active-1`: releasing a slot moves the last occupied slot into the hole, so a decode
+step binds the single contiguous view `pool[:active]`. Pool memory comes from `np.zeros`, whose
+pages the OS maps lazily: resident memory grows with the tokens actually written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from runtime.bundle import ModelFacts
+
+
+def context_for_budget(facts: ModelFacts, slots: int, kv_memory_bytes: int, requested: int | None) -> int:
+    """The longest context every slot can hold inside the KV budget (and the model's own limit)."""
+    wanted = min(requested or facts.context_length, facts.context_length)
+    fits = kv_memory_bytes // (slots * facts.kv_bytes_per_token())
+    if fits < 1:
+        raise ValueError(
+            f"kv_memory_bytes={kv_memory_bytes} cannot hold one token per slot for {slots} slots "
+            f"({facts.kv_bytes_per_token()} bytes per token)"
+        )
+    return min(wanted, fits)
+
+
+class KVPool:
+    def __init__(self, facts: ModelFacts, slots: int, max_context: int) -> None:
+        dtype = np.dtype(facts.kv_dtype)
+        shape = (slots, facts.num_kv_heads, max_context, facts.head_dim)
+        # Graph order: all keys, then all values.
+        self.tensors: list[np.ndarray] = [np.zeros(shape, dtype) for _ in range(2 * facts.num_layers)]
+        self.slots = slots
+        self.max_context = max_context
+        self.bytes_per_token = facts.kv_bytes_per_token()
+        self.active = 0
+
+    @property
+    def free(self) -> int:
+        return self.slots - self.active
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.slots * self.max_context * self.bytes_per_token
+
+    def acquire(self) -> int:
+        if self.active == self.slots:
+            raise RuntimeError("no free KV slot")
+        self.active += 1
+        return self.active - 1
+
+    def release(self, slot: int, last_length: int) -> int | None:
+        """Free `slot`; the last occupied slot (holding `last_length` tokens) moves into it.
+
+        Returns the index the moved slot had, or None when `slot` was already the last one.
+        """
+        last = self.active - 1
+        self.active = last
+        if slot == last:
+            return None
+        self.copy(last, slot, last_length)
+        return last
+
+    def copy(self, src: int, dst: int, length: int) -> None:
+        for tensor in self.tensors:
+            tensor[dst, :, :length] = tensor[src, :, :length]
+
+    def read(self, slot: int, start: int, stop: int) -> np.ndarray:
+        """A copy of positions `start:stop` of `slot`: `[tensors, kv_heads, stop-start, head_dim]`."""
+        return np.stack([t[slot, :, start:stop] for t in self.tensors])
+
+    def write(self, slot: int, start: int, block: np.ndarray) -> None:
+        stop = start + block.shape[2]
+        for tensor, part in zip(self.tensors, block, strict=True):
+            tensor[slot, :, start:stop] = part
+
+
+def block_keys(token_ids: Sequence[int], block_size: int) -> list[bytes]:
+    """A hash chain over the full blocks of `token_ids`: each key covers its block and every earlier one."""
+    keys: list[bytes] = []
+    parent = b""
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        block = np.asarray(token_ids[start : start + block_size], dtype=np.int64).tobytes()
+        parent = hashlib.blake2b(parent + block, digest_size=16).digest()
+        keys.append(parent)
+    return keys
+
+
+class PrefixCache:
+    """KV of token-block prefixes, LRU under a byte budget, copied into a slot instead of recomputed.
+
+    A block is reachable only through its parents (the chain of keys), so a lookup refreshes a
+    chain from its deepest block up: parents stay more recent than their children and are evicted
+    after them.
+    """
+
+    def __init__(self, block_size: int, capacity_bytes: int) -> None:
+        self.block_size = block_size
+        self.capacity_bytes = capacity_bytes
+        self.used_bytes = 0
+        self.hits = 0
+        self._blocks: OrderedDict[bytes, np.ndarray] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def match(self, token_ids: Sequence[int]) -> list[np.ndarray]:
+        """The cached blocks covering the longest cached prefix that leaves at least one token to compute."""
+        usable = (len(token_ids) - 1) // self.block_size * self.block_size
+        found: list[tuple[bytes, np.ndarray]] = []
+        for key in block_keys(token_ids[:usable], self.block_size):
+            block = self._blocks.get(key)
+            if block is None:
+                break
+            found.append((key, block))
+        for key, _ in reversed(found):
+            self._blocks.move_to_end(key)
+        if found:
+            self.hits += 1
+        return [block for _, block in found]
+
+    def load(self, blocks: list[np.ndarray], pool: KVPool, slot: int) -> int:
+        """Copy `blocks` into positions `0..` of `slot`; returns the number of tokens loaded."""
+        for i, block in enumerate(blocks):
+            pool.write(slot, i * self.block_size, block)
+        return len(blocks) * self.block_size
+
+    def store(self, token_ids: Sequence[int], pool: KVPool, slot: int) -> None:
+        """Remember the full blocks of `token_ids`, whose KV is at positions `0..` of `slot`."""
+        chain = block_keys(token_ids, self.block_size)
+        block_bytes = self.block_size * pool.bytes_per_token
+        stored = 0
+        for i, key in enumerate(chain):
+            if key not in self._blocks:
+                if not self._make_room(block_bytes, protected=set(chain[:i])):
+                    break
+                start = i * self.block_size
+                self._blocks[key] = pool.read(slot, start, start + self.block_size)
+                self.used_bytes += block_bytes
+            stored = i + 1
+        for key in reversed(chain[:stored]):
+            self._blocks.move_to_end(key)
+
+    def _make_room(self, needed: int, protected: set[bytes]) -> bool:
+        """Evict least recently used blocks until `needed` bytes fit, never evicting `protected` ones."""
+        while self.used_bytes + needed > self.capacity_bytes:
+            if not self._blocks:
+                return False
+            oldest = next(iter(self._blocks))
+            if oldest in protected:
+                return False
+            self.used_bytes -= self._blocks.pop(oldest).nbytes
+        return True

@@ -1,0 +1,75 @@
+"""Execute a `SchedulerOutput`: prefill chunks in their slots, then one batched decode step."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runtime.engine.kv_cache import KVPool, PrefixCache
+from runtime.engine.sampling import TokenChoice, sample
+from runtime.engine.scheduler import PrefillChunk, SchedulerOutput, SequenceState, SequenceStatus
+from runtime.engine.session import DecoderSession
+
+
+class ModelRunner:
+    def __init__(self, session: DecoderSession, pool: KVPool, prefix_cache: PrefixCache) -> None:
+        self._session = session
+        self._pool = pool
+        self._prefix_cache = prefix_cache
+
+    def execute(self, work: SchedulerOutput) -> list[tuple[SequenceState, TokenChoice]]:
+        """Run the step; returns each sequence that produced a token, with the token."""
+        results: list[tuple[SequenceState, TokenChoice]] = []
+        for chunk in work.prefills:
+            results.extend(self._prefill(chunk))
+        if work.decode:
+            results.extend(self._decode(work))
+        return results
+
+    def _prefill(self, chunk: PrefillChunk) -> list[tuple[SequenceState, TokenChoice]]:
+        group = chunk.group
+        leader = group.sequences[0]
+        prompt = group.request.prompt_token_ids
+        logits = self._session.prefill(leader.slot, prompt[chunk.start : chunk.stop], chunk.start)
+        leader.num_computed = chunk.stop
+        if not chunk.completes_prompt:
+            return []
+        self._prefix_cache.store(prompt, self._pool, leader.slot)
+        for seq in group.sequences[1:]:
+            self._pool.copy(leader.slot, seq.slot, chunk.stop)
+            seq.num_computed = chunk.stop
+        # Every sequence samples its first token from the same last-position logits.
+        rows = np.repeat(logits[-1:], len(group.sequences), axis=0)
+        choices = sample(rows, [s.sampler for s in group.sequences])
+        for seq, choice in zip(group.sequences, choices, strict=True):
+            seq.status = SequenceStatus.RUNNING
+            self._accept(seq, choice)
+        return list(zip(group.sequences, choices, strict=True))
+
+    def _decode(self, work: SchedulerOutput) -> list[tuple[SequenceState, TokenChoice]]:
+        """One token for every running sequence over pool rows `0..decode_rows-1`.
+
+        Rows held by sequences still in prefill ride along with a dummy token: their mask covers
+        exactly their computed positions plus one, so the step only writes the position their
+        next prefill chunk overwrites anyway.
+        """
+        rows = work.decode_rows
+        input_ids = np.zeros(rows, dtype=np.int64)
+        lengths = np.ones(rows, dtype=np.int64)
+        for seq in work.passengers:
+            lengths[seq.slot] = seq.num_computed + 1
+        slots = [seq.slot for seq in work.decode]
+        input_ids[slots] = [seq.next_token for seq in work.decode]
+        lengths[slots] = [seq.num_computed + 1 for seq in work.decode]
+        logits = self._session.decode(rows, input_ids, lengths)
+        if len(slots) != rows or slots != sorted(slots):
+            logits = logits[slots]
+        choices = sample(logits, [seq.sampler for seq in work.decode])
+        for seq, choice in zip(work.decode, choices, strict=True):
+            seq.num_computed += 1
+            self._accept(seq, choice)
+        return list(zip(work.decode, choices, strict=True))
+
+    @staticmethod
+    def _accept(seq: SequenceState, choice: TokenChoice) -> None:
+        seq.next_token = choice.token_id
+        seq.sampler.output_token_ids.append(choice.token_id)

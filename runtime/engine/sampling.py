@@ -1,0 +1,163 @@
+"""Choose the next token of every row of a decode batch from its logits.
+
+Order (as in HF and vLLM): repetition penalty (HF multiplicative, over prompt and output),
+presence and frequency penalties (OpenAI, over the output), logit_bias, then temperature, top-k,
+top-p and min-p. `temperature == 0` is greedy. Penalties, bias, temperature and greedy are applied
+to the whole batch with flat index arrays; the filters work per sampled row on the candidates
+within `_CANDIDATE_NATS` of the row's best logit (tokens further out carry less probability in
+total than float32 can represent next to the best token), so no row ever sorts the vocabulary.
+
+Logprobs are those of the raw model distribution (log-softmax of the unprocessed logits), as
+vLLM returns by default; the OpenAI API does not specify which distribution it reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from runtime.engine.request import SamplingParams
+
+_CANDIDATE_NATS = 30.0
+_NUCLEUS_HEAD = float(np.exp(-8.0))
+
+
+class SequenceSampler:
+    """One sequence's sampling settings, random stream and token history."""
+
+    def __init__(self, params: SamplingParams, prompt_token_ids: Sequence[int], index: int = 0) -> None:
+        self.params = params
+        self.rng = np.random.default_rng(None if params.seed is None else (params.seed, index))
+        self.output_token_ids: list[int] = []
+        self.greedy = params.temperature == 0.0
+        self.penalized = (
+            params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+        )
+        self.processed = self.penalized or bool(params.logit_bias)
+        self._prompt = np.unique(np.asarray(prompt_token_ids, dtype=np.int64)) if self.penalized else None
+        self._bias_ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64, count=len(params.logit_bias))
+        self._bias = np.fromiter(params.logit_bias.values(), dtype=np.float32, count=len(params.logit_bias))
+
+    def penalty_indices(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Tokens seen in prompt or output (unique), and the output's tokens with their counts."""
+        output = np.asarray(self.output_token_ids, dtype=np.int64)
+        seen = np.union1d(self._prompt, output) if self._prompt is not None else output
+        out_ids, counts = np.unique(output, return_counts=True)
+        return seen, out_ids, counts
+
+
+@dataclass(frozen=True)
+class TokenChoice:
+    token_id: int
+    logprob: float | None = None  # raw model log-probability of token_id
+    top: tuple[tuple[int, float], ...] = ()  # (token id, raw logprob), best first
+
+
+def sample(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> list[TokenChoice]:
+    """Pick one token per row of `logits` (`[rows, vocab]`, modified in place)."""
+    want_logprobs = [i for i, s in enumerate(samplers) if s.params.logprobs]
+    raw_logprobs = _log_softmax(logits[want_logprobs]) if want_logprobs else None
+    if any(s.processed for s in samplers):
+        _apply_penalties_and_bias(logits, samplers)
+    chosen = _greedy_or_sampled(logits, samplers)
+    if raw_logprobs is None:
+        return [TokenChoice(int(t)) for t in chosen]
+    choices = [TokenChoice(int(t)) for t in chosen]
+    for raw, row in zip(raw_logprobs, want_logprobs, strict=True):
+        token = choices[row].token_id
+        choices[row] = TokenChoice(token, float(raw[token]), _top_logprobs(raw, samplers[row].params.top_logprobs))
+    return choices
+
+
+def _log_softmax(rows: np.ndarray) -> np.ndarray:
+    shifted = rows - rows.max(axis=1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+
+def _top_logprobs(raw: np.ndarray, count: int) -> tuple[tuple[int, float], ...]:
+    if count <= 0:
+        return ()
+    best = np.argpartition(raw, -count)[-count:]
+    best = best[np.argsort(-raw[best], kind="stable")]
+    return tuple((int(t), float(raw[t])) for t in best)
+
+
+def _apply_penalties_and_bias(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> None:
+    rep_rows, rep_ids, rep_pen = [], [], []
+    out_rows, out_ids, out_sub = [], [], []
+    bias_rows, bias_ids, bias_vals = [], [], []
+    for row, s in enumerate(samplers):
+        p = s.params
+        if s.penalized:
+            seen, ids, counts = s.penalty_indices()
+            if p.repetition_penalty != 1.0:
+                rep_rows.append(np.full(seen.size, row))
+                rep_ids.append(seen)
+                rep_pen.append(np.full(seen.size, p.repetition_penalty, dtype=np.float32))
+            if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
+                out_rows.append(np.full(ids.size, row))
+                out_ids.append(ids)
+                out_sub.append((p.frequency_penalty * counts + p.presence_penalty).astype(np.float32))
+        if s._bias_ids.size:
+            bias_rows.append(np.full(s._bias_ids.size, row))
+            bias_ids.append(s._bias_ids)
+            bias_vals.append(s._bias)
+    # Indices are unique within each row, so fancy-indexed updates never collide.
+    if rep_rows:
+        r, t, pen = np.concatenate(rep_rows), np.concatenate(rep_ids), np.concatenate(rep_pen)
+        values = logits[r, t]
+        logits[r, t] = np.where(values > 0, values / pen, values * pen)
+    if out_rows:
+        r, t = np.concatenate(out_rows), np.concatenate(out_ids)
+        logits[r, t] -= np.concatenate(out_sub)
+    if bias_rows:
+        r, t = np.concatenate(bias_rows), np.concatenate(bias_ids)
+        logits[r, t] += np.concatenate(bias_vals)
+
+
+def _greedy_or_sampled(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> np.ndarray:
+    chosen = np.argmax(logits, axis=1)
+    sampled = [i for i, s in enumerate(samplers) if not s.greedy]
+    if not sampled:
+        return chosen
+    temperatures = np.array([samplers[i].params.temperature for i in sampled], dtype=np.float32)
+    scaled = logits[sampled] / temperatures[:, None]
+    best = scaled.max(axis=1)
+    for row, values, top in zip(sampled, scaled, best, strict=True):
+        chosen[row] = _sample_row(values, float(top), samplers[row])
+    return chosen
+
+
+def _sample_row(scaled: np.ndarray, best: float, sampler: SequenceSampler) -> int:
+    """Sample from softmax(scaled) restricted by the row's top-k, top-p and min-p."""
+    p = sampler.params
+    candidates = np.flatnonzero(scaled >= best - _CANDIDATE_NATS)
+    weights = np.exp(scaled[candidates] - best)
+    if 0 < p.top_k < weights.size:
+        top = np.argpartition(-weights, p.top_k - 1)[: p.top_k]
+        candidates, weights = candidates[top], weights[top]
+    if p.top_p < 1.0:
+        candidates, weights = _nucleus(candidates, weights, p.top_p)
+    if p.min_p > 0.0:
+        # weights are relative to the best token, so min-p is a plain threshold.
+        kept = weights >= p.min_p
+        candidates, weights = candidates[kept], weights[kept]
+    cumulative = np.cumsum(weights, dtype=np.float64)
+    pick = int(np.searchsorted(cumulative, sampler.rng.random() * cumulative[-1], side="right"))
+    return int(candidates[min(pick, candidates.size - 1)])
+
+
+def _nucleus(candidates: np.ndarray, weights: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The smallest set of most likely candidates whose mass reaches `top_p` of the total."""
+    target = top_p * weights.sum(dtype=np.float64)
+    # Sorting only the likely head is enough whenever the head alone reaches the target.
+    head = np.flatnonzero(weights >= _NUCLEUS_HEAD)
+    if weights[head].sum(dtype=np.float64) < target:
+        head = np.arange(weights.size)
+    order = head[np.argsort(-weights[head], kind="stable")]
+    cumulative = np.cumsum(weights[order], dtype=np.float64)
+    keep = int(np.searchsorted(cumulative, target)) + 1
+    order = order[:keep]
+    return candidates[order], weights[order]

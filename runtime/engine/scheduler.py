@@ -1,0 +1,215 @@
+"""Continuous batching: decide, every step, what the model runs next.
+
+Each step the scheduler applies cancellations, admits queued requests while slots are free (a
+request with `n` sequences takes `n` slots at once), hands out at most `prefill_chunk` prompt
+tokens of prefill work (oldest request first, so a long prompt cannot starve running streams)
+and puts every running sequence into one decode batch. It only decides; `ModelRunner` executes
+the `SchedulerOutput` and the engine feeds results back through `finish`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+from runtime.engine.kv_cache import KVPool, PrefixCache
+from runtime.engine.output import OutputProcessor
+from runtime.engine.request import EngineOverloadedError, GenerationRequest
+from runtime.engine.sampling import SequenceSampler
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class SequenceState:
+    """One of a request's `n` sequences; its KV lives in pool slot `slot` while it holds one."""
+
+    group: RequestState
+    index: int
+    sampler: SequenceSampler
+    output: OutputProcessor
+    status: SequenceStatus = SequenceStatus.WAITING
+    slot: int = -1
+    num_computed: int = 0  # positions whose KV is in the slot
+    next_token: int = -1  # sampled, not yet fed to the model
+
+    def token_ids(self) -> list[int]:
+        return [*self.group.request.prompt_token_ids, *self.sampler.output_token_ids]
+
+
+@dataclass(eq=False)
+class RequestState:
+    request: GenerationRequest
+    submitted_at: float
+    sequences: list[SequenceState] = field(default_factory=list)
+    first_token_at: float | None = None
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.status is SequenceStatus.FINISHED for s in self.sequences)
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Prompt positions `start:stop` of `group`, computed in its first sequence's slot."""
+
+    group: RequestState
+    start: int
+    stop: int
+
+    @property
+    def completes_prompt(self) -> bool:
+        return self.stop == self.group.prompt_len
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    admitted: tuple[RequestState, ...]  # got their slots (and any cached prefix) this step
+    prefills: tuple[PrefillChunk, ...]
+    decode: tuple[SequenceState, ...]  # fed one token each; a sequence's row is its slot
+    passengers: tuple[SequenceState, ...]  # hold rows of the decode batch but are still in prefill
+    decode_rows: int  # the decode step binds pool rows 0..decode_rows-1
+    aborted: tuple[RequestState, ...]  # cancelled this step, slots already freed
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.admitted or self.prefills or self.decode or self.aborted)
+
+
+class Scheduler:
+    def __init__(self, pool: KVPool, prefix_cache: PrefixCache, max_queue: int, prefill_chunk: int) -> None:
+        self.pool = pool
+        self.prefix_cache = prefix_cache
+        self.max_queue = max_queue
+        self.prefill_chunk = prefill_chunk
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []  # admitted, in admission order
+        self._slot_owner: list[SequenceState | None] = [None] * pool.slots
+        self._aborts: set[str] = set()
+        self._lock = threading.Lock()  # guards `waiting` and `_aborts` against submitting threads
+
+    def add(self, group: RequestState) -> None:
+        with self._lock:
+            if len(self.waiting) >= self.max_queue:
+                raise EngineOverloadedError(
+                    f"the request queue is full ({self.max_queue} waiting); retry later",
+                    retry_after=float(1 + len(self.waiting) // max(1, self.pool.slots)),
+                )
+            self.waiting.append(group)
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._aborts.add(request_id)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self._aborts)
+
+    def schedule(self) -> SchedulerOutput:
+        aborted = self._apply_aborts()
+        admitted = self._admit()
+        active = [s for g in self.running for s in g.sequences if s.status is not SequenceStatus.FINISHED]
+        decode = tuple(s for s in active if s.status is SequenceStatus.RUNNING)
+        return SchedulerOutput(
+            admitted=tuple(admitted),
+            prefills=tuple(self._prefill_work()),
+            decode=decode,
+            passengers=tuple(s for s in active if s.status is SequenceStatus.PREFILLING) if decode else (),
+            decode_rows=self.pool.active if decode else 0,
+            aborted=tuple(aborted),
+        )
+
+    def finish(self, seq: SequenceState) -> None:
+        """Free a finished sequence's slot, keeping occupied slots contiguous."""
+        seq.status = SequenceStatus.FINISHED
+        if seq.slot >= 0:
+            # What this sequence computed may be the prefix of a later request (the next chat turn).
+            self.prefix_cache.store(seq.token_ids()[: seq.num_computed], self.pool, seq.slot)
+            self._release(seq)
+        if seq.group.finished and seq.group in self.running:
+            self.running.remove(seq.group)
+
+    def reset(self) -> list[RequestState]:
+        """Drop every request (after a failed step, whose KV cannot be trusted); returns them."""
+        with self._lock:
+            dropped = [*self.running, *self.waiting]
+            self.waiting.clear()
+            self._aborts.clear()
+        self.running.clear()
+        for group in dropped:
+            for seq in group.sequences:
+                seq.status = SequenceStatus.FINISHED
+                seq.slot = -1
+        self.pool.active = 0
+        self._slot_owner = [None] * self.pool.slots
+        return dropped
+
+    def _release(self, seq: SequenceState) -> None:
+        slot, seq.slot = seq.slot, -1
+        last = self._slot_owner[self.pool.active - 1]
+        moved_from = self.pool.release(slot, last.num_computed if last is not None else 0)
+        self._slot_owner[slot] = None
+        if moved_from is not None and last is not None:
+            self._slot_owner[moved_from] = None
+            self._slot_owner[slot] = last
+            last.slot = slot
+
+    def _apply_aborts(self) -> list[RequestState]:
+        with self._lock:
+            ids, self._aborts = self._aborts, set()
+            if not ids:
+                return []
+            aborted = [g for g in self.waiting if g.request.request_id in ids]
+            for group in aborted:
+                self.waiting.remove(group)
+                for seq in group.sequences:
+                    seq.status = SequenceStatus.FINISHED
+        for group in [g for g in self.running if g.request.request_id in ids]:
+            for seq in group.sequences:
+                if seq.status is not SequenceStatus.FINISHED:
+                    self.finish(seq)
+            aborted.append(group)
+        return aborted
+
+    def _admit(self) -> list[RequestState]:
+        admitted = []
+        free = self.pool.free
+        with self._lock:
+            while self.waiting and len(self.waiting[0].sequences) <= free:
+                free -= len(self.waiting[0].sequences)
+                admitted.append(self.waiting.popleft())
+        for group in admitted:
+            for seq in group.sequences:
+                seq.slot = self.pool.acquire()
+                seq.status = SequenceStatus.PREFILLING
+                self._slot_owner[seq.slot] = seq
+            leader = group.sequences[0]
+            blocks = self.prefix_cache.match(group.request.prompt_token_ids)
+            leader.num_computed = group.cached_tokens = self.prefix_cache.load(blocks, self.pool, leader.slot)
+            self.running.append(group)
+        return admitted
+
+    def _prefill_work(self) -> list[PrefillChunk]:
+        budget = self.prefill_chunk
+        chunks = []
+        for group in self.running:
+            leader = group.sequences[0]
+            if leader.status is not SequenceStatus.PREFILLING:
+                continue
+            if budget == 0:
+                break
+            stop = min(group.prompt_len, leader.num_computed + budget)
+            chunks.append(PrefillChunk(group, leader.num_computed, stop))
+            budget -= stop - leader.num_computed
+        return chunks

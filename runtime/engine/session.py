@@ -1,0 +1,127 @@
+"""The decoder's ONNX Runtime session, driven through IO binding over caller-owned buffers.
+
+The KV cache is never copied in or out: each cache tensor is bound as both `past` and `present`
+(GroupQueryAttention writes the new positions into the same buffer), and logits land in a
+preallocated array. A binding per row range of the KV pool is built once and reused, so a step only
+rebinds the two small integer inputs and the logits view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from runtime.bundle import DecoderIO
+
+PROVIDER_NAMES = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+}
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    threads: int = 2
+    providers: tuple[str, ...] = ("cpu",)
+    allow_spinning: bool = True
+
+
+def ort_providers(names: Sequence[str]) -> list[str]:
+    """Map the spec's short provider names to ORT's, keeping only those this build offers."""
+    unknown = [n for n in names if n not in PROVIDER_NAMES]
+    if unknown:
+        raise ValueError(f"unknown execution provider(s) {unknown}; allowed: {sorted(PROVIDER_NAMES)}")
+    available = set(ort.get_available_providers())
+    chosen = [PROVIDER_NAMES[n] for n in names if PROVIDER_NAMES[n] in available]
+    return chosen or ["CPUExecutionProvider"]
+
+
+def create_session(model_path: Path, options: SessionOptions) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = options.threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.allow_spinning else "0")
+    return ort.InferenceSession(str(model_path), sess_options=so, providers=ort_providers(options.providers))
+
+
+class DecoderSession:
+    """Runs forward passes of the decoder over row ranges of a KV pool.
+
+    `cache` holds the pool tensors in graph order (every layer's key, then every layer's value),
+    each shaped `[slots, kv_heads, max_context, head_dim]`. Inputs are staged in preallocated
+    buffers whose addresses are bound directly, so a step allocates nothing but small index arrays.
+    """
+
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        io: DecoderIO,
+        num_layers: int,
+        cache: Sequence[np.ndarray],
+        vocab_size: int,
+        max_rows: int,
+        max_chunk: int,
+    ) -> None:
+        self._session = session
+        self._io = io
+        self._cache = list(cache)
+        layers = range(num_layers)
+        self._past_names = [io.past_key % i for i in layers] + [io.past_value % i for i in layers]
+        self._present_names = [io.present_key % i for i in layers] + [io.present_value % i for i in layers]
+        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
+        max_context = self._cache[0].shape[2]
+        self._vocab_size = vocab_size
+        # Decode writes `[rows, 1, V]`, prefill `[1, chunk, V]`: one buffer covers both shapes.
+        self._logits = np.empty(max(max_rows, max_chunk) * vocab_size, dtype=np.float32)
+        self._ids = np.zeros(max(max_rows, max_chunk), dtype=np.int64)
+        self._mask = np.zeros(max_rows * (max_context + 1), dtype=np.int64)
+        self._positions = np.arange(max_context + 1, dtype=np.int64)
+        self._pointers = (self._logits.ctypes.data, self._ids.ctypes.data, self._mask.ctypes.data)
+
+    def prefill(self, slot: int, token_ids: Sequence[int], past: int) -> np.ndarray:
+        """Compute `token_ids` at positions `past..` of `slot`; returns their logits `[len, vocab]`."""
+        count = len(token_ids)
+        self._ids[:count] = token_ids
+        self._mask[: past + count] = 1
+        logits = self._run(slot, slot + 1, (1, count), (1, past + count))
+        return logits.reshape(count, self._vocab_size)
+
+    def decode(self, rows: int, token_ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """One token per pool row `0..rows-1`; row i attends to its first `lengths[i]` positions.
+
+        The mask is right-padded to the longest row, each row holding ones up to its own length.
+        Returns logits `[rows, vocab]`.
+        """
+        width = int(lengths.max())
+        self._ids[:rows] = token_ids
+        mask = self._mask[: rows * width].reshape(rows, width)
+        np.less(self._positions[:width], lengths[:, None], out=mask, casting="unsafe")
+        return self._run(0, rows, (rows, 1), (rows, width)).reshape(rows, self._vocab_size)
+
+    def _run(self, start: int, stop: int, ids_shape: tuple[int, int], mask_shape: tuple[int, int]) -> np.ndarray:
+        logits_ptr, ids_ptr, mask_ptr = self._pointers
+        binding = self._binding(start, stop)
+        binding.bind_input(self._io.input_ids, "cpu", 0, np.int64, ids_shape, ids_ptr)
+        binding.bind_input(self._io.attention_mask, "cpu", 0, np.int64, mask_shape, mask_ptr)
+        logits_shape = (*ids_shape, self._vocab_size)
+        binding.bind_output(self._io.logits, "cpu", 0, np.float32, logits_shape, logits_ptr)
+        self._session.run_with_iobinding(binding)
+        return self._logits[: ids_shape[0] * ids_shape[1] * self._vocab_size]
+
+    def _binding(self, start: int, stop: int) -> ort.IOBinding:
+        key = (start, stop)
+        binding = self._bindings.get(key)
+        if binding is None:
+            binding = self._session.io_binding()
+            for past, present, tensor in zip(self._past_names, self._present_names, self._cache, strict=True):
+                view = ort.OrtValue.ortvalue_from_numpy(tensor[start:stop])
+                binding.bind_ortvalue_input(past, view)
+                binding.bind_ortvalue_output(present, view)
+            self._bindings[key] = binding
+        return binding
