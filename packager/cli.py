@@ -12,7 +12,7 @@ from rich.console import Console
 from packager.errors import UserError
 
 # Each module exposes `register(subparsers)`, which adds its parser and sets `run(args) -> int`.
-COMMAND_MODULES = ("build", "deploy", "invoke", "status", "destroy")
+COMMAND_MODULES = ("build", "image", "deploy", "invoke", "status", "destroy")
 
 err_console = Console(stderr=True)
 

@@ -92,6 +92,17 @@ class TargetsSection:
 
 
 @dataclass(frozen=True)
+class ImageSection:
+    """Present in function.toml = `pkg build` also writes an OCI image (and pushes it when `registry` is set)."""
+
+    platforms: list[str] = field(
+        default_factory=lambda: ["linux/amd64"], metadata={"item_choices": ("linux/amd64", "linux/arm64")}
+    )
+    registry: str | None = None  # HOST[:PORT]/REPOSITORY[:TAG]; credentials come from the environment
+    tag: str = "latest"
+
+
+@dataclass(frozen=True)
 class FunctionSpec:
     name: str
     model: ModelSection
@@ -99,6 +110,7 @@ class FunctionSpec:
     runtime: RuntimeSection = field(default_factory=RuntimeSection)
     endpoint: EndpointSection = field(default_factory=EndpointSection)
     targets: TargetsSection = field(default_factory=TargetsSection)
+    image: ImageSection | None = None
     # Where the spec was read from, and the sha256 of its bytes; not keys of the TOML file.
     directory: Path = field(default=Path("."), metadata={"internal": True})
     digest: str = field(default="", metadata={"internal": True})
@@ -161,7 +173,7 @@ def _parse_table(cls: type, table: Any, prefix: str, problems: list[str]) -> dic
             if spec_field.default is MISSING and spec_field.default_factory is MISSING:
                 problems.append(f"{key}: required key is missing")
             continue
-        hint = hints[name]
+        hint = _optional_section(hints[name])
         if isinstance(hint, type) and hasattr(hint, "__dataclass_fields__"):
             before = len(problems)
             nested = _parse_table(hint, table[name], key + ".", problems)
@@ -170,6 +182,15 @@ def _parse_table(cls: type, table: Any, prefix: str, problems: list[str]) -> dic
         else:
             values[name] = _check_value(key, table[name], hint, spec_field.metadata, problems)
     return values
+
+
+def _optional_section(hint: Any) -> Any:
+    """`Section | None` → `Section`: an optional table is validated like a required one when present."""
+    if isinstance(hint, types.UnionType):
+        members = [t for t in typing.get_args(hint) if t is not type(None)]
+        if len(members) == 1 and hasattr(members[0], "__dataclass_fields__"):
+            return members[0]
+    return hint
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}

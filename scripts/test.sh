@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The image tests run a real registry and real containers: Debian packages, installed once.
+bash scripts/setup_image_tools.sh
 exec .venv/bin/python -m pytest -q "$@"

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from packager.build import BuildResult
 
 from packager.progress import StepProgress
-from packager.spec import load_spec
+from packager.spec import FunctionSpec, load_spec
 
 console = Console()
 
@@ -35,7 +35,24 @@ def run(args: argparse.Namespace) -> int:
     result = build_function(spec, progress)
     elapsed = time.perf_counter() - start
     _print_summary(result, progress, elapsed)
+    if spec.image is not None:
+        _build_image(spec, result.bundle, progress)
     return 0
+
+
+def _build_image(spec: FunctionSpec, bundle: Path, progress: StepProgress) -> None:
+    """The spec has an [image] section: also write the OCI image, and push it when a registry is set."""
+    from packager.commands.image import print_image
+    from packager.image import RegistryAuth, RegistryTarget, build_image
+
+    assert spec.image is not None
+    target = None
+    if spec.image.registry:
+        target = RegistryTarget.parse(spec.image.registry, auth=RegistryAuth.from_env())
+    image = build_image(
+        bundle, spec, platforms=tuple(spec.image.platforms), progress=progress, tag=spec.image.tag, push_to=target
+    )
+    print_image(spec.name, image)
 
 
 def _print_summary(result: BuildResult, progress: StepProgress, elapsed: float) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from packager.deploy.server_flags import server_flags
 from packager.errors import UserError
 from packager.paths import build_dir, bundle_dir
 from packager.spec import FunctionSpec
@@ -139,31 +140,8 @@ def plan(spec: FunctionSpec) -> LocalPlan:
         port=spec.targets.local.port,
         state_dir=directory,
         api_key=api_key,
-        server_flags=tuple(_server_flags(spec) + api_key.server_flags()),
+        server_flags=tuple(server_flags(spec) + api_key.server_flags()),
     )
-
-
-def _server_flags(spec: FunctionSpec) -> list[str]:
-    rt, endpoint = spec.runtime, spec.endpoint
-    flags = [
-        "--model-name", spec.name,
-        "--max-batch", str(rt.max_batch),
-        "--max-queue", str(rt.max_queue),
-        "--kv-memory-mb", str(rt.kv_memory_mb),
-        "--prefix-cache-mb", str(rt.prefix_cache_mb),
-        "--prefill-chunk", str(rt.prefill_chunk),
-        "--threads", str(rt.threads),
-        "--providers", ",".join(rt.providers),
-        "--temperature", str(rt.sampling.temperature),
-        "--top-p", str(rt.sampling.top_p),
-        "--max-tokens", str(rt.sampling.max_tokens),
-        "--max-tokens-limit", str(endpoint.max_tokens),
-    ]  # fmt: skip
-    if endpoint.max_prompt_tokens is not None:
-        flags += ["--max-prompt-tokens", str(endpoint.max_prompt_tokens)]
-    if rt.system_prompt:
-        flags += ["--system-prompt", rt.system_prompt]
-    return flags
 
 
 def apply(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDeployment:

@@ -35,10 +35,12 @@ def create_app(
     load_engine: Callable[[], Engine],
     *,
     on_load_failure: Callable[[], None] | None = None,
+    sagemaker: bool = False,
 ) -> Starlette:
     """An app serving `settings.policy.model_name`; `load_engine` returns a started engine.
 
     `on_load_failure` runs (on the loader thread) if loading raises, e.g. to stop the server process.
+    `sagemaker` adds SageMaker's `/ping` and `/invocations` on top of the same handlers.
     """
     state = ServerState(settings)
 
@@ -84,6 +86,10 @@ def create_app(
         Route("/v1/chat/completions", api("chat", create_chat_completion), methods=["POST"]),
         Route("/v1/completions", api("completions", create_completion), methods=["POST"]),
     ]
+    if sagemaker:
+        from runtime.server.sagemaker import sagemaker_routes
+
+        routes += sagemaker_routes(state, api)
     app = Starlette(
         routes=routes,
         lifespan=lifespan,

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from runtime.bundle import Manifest
     from runtime.engine.engine import Engine, EngineConfig
+    from runtime.server.protocol import RequestPolicy
 
 _PROCESS_START = time.perf_counter()
 log = logging.getLogger("runtime.server")
@@ -30,10 +32,19 @@ def register(subparsers: Any) -> None:
     parser.add_argument("bundle", type=Path, metavar="BUNDLE_DIR", help="a bundle written by `pkg build`")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--model-name", help="the model id clients send (default: the bundle's function name)")
     auth = parser.add_argument_group("auth (neither flag: no auth)")
     auth.add_argument("--api-key-env", metavar="NAME", help="read the bearer API key from $NAME")
     auth.add_argument("--api-key-file", type=Path, metavar="PATH", help="read the bearer API key from a file")
+    add_model_arguments(parser)
+    parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request bodies above this get 413")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--sagemaker", action="store_true", help="also serve SageMaker's /ping and /invocations")
+    parser.set_defaults(run=run)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine and request flags every frontend shares (the HTTP server, the queue worker, Lambda)."""
+    parser.add_argument("--model-name", help="the model id clients send (default: the bundle's function name)")
     engine = parser.add_argument_group("engine (unset: the engine's defaults)")
     engine.add_argument("--max-batch", type=int, help="sequences decoded together (KV slots)")
     engine.add_argument("--max-queue", type=int, help="requests waiting beyond that before 429")
@@ -51,9 +62,6 @@ def register(subparsers: Any) -> None:
     requests.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens a client may ask")
     requests.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted (default: context)")
     requests.add_argument("--system-prompt", help="used when a chat has no system message; its KV is pre-warmed")
-    requests.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request bodies above this get 413")
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,7 +71,6 @@ def run(args: argparse.Namespace) -> int:
     from runtime.bundle import BundleError, read_manifest
     from runtime.server.app import create_app
     from runtime.server.auth import AuthConfigError, load_api_key
-    from runtime.server.protocol import RequestPolicy
     from runtime.server.state import ServerSettings
 
     try:
@@ -72,22 +79,9 @@ def run(args: argparse.Namespace) -> int:
     except (BundleError, AuthConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    policy = RequestPolicy(
-        model_name=args.model_name or manifest.function,
-        vocab_size=manifest.model.vocab_size,
-        default_temperature=args.temperature,
-        default_top_p=args.top_p,
-        default_max_tokens=args.max_tokens,
-        max_tokens_limit=args.max_tokens_limit,
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_n=args.max_batch or 16,
-        system_prompt=args.system_prompt,
-    )
+    policy = request_policy(args, manifest)
     settings = ServerSettings(
-        policy=policy,
-        api_key=api_key,
-        max_body_bytes=args.max_body_bytes,
-        fingerprint="fp_" + manifest.digest.removeprefix("sha256:")[:12],
+        policy=policy, api_key=api_key, max_body_bytes=args.max_body_bytes, fingerprint=fingerprint(manifest)
     )
     # Bind before loading anything: a taken port fails in milliseconds, not after the model has loaded.
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
@@ -103,12 +97,36 @@ def run(args: argparse.Namespace) -> int:
     def stop_server() -> None:
         server.should_exit = True
 
-    app = create_app(settings, lambda: load_engine(args, policy.model_name), on_load_failure=stop_server)
+    app = create_app(
+        settings, lambda: load_engine(args, policy.model_name), on_load_failure=stop_server, sagemaker=args.sagemaker
+    )
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on")
     server = uvicorn.Server(config)
     logging.getLogger("uvicorn.access").addFilter(_skip_probes)
     server.run(sockets=[listener])
     return 1 if app.state.server.load_error is not None else 0
+
+
+def request_policy(args: argparse.Namespace, manifest: Manifest) -> RequestPolicy:
+    """The request limits and defaults set by `add_model_arguments`' flags."""
+    from runtime.server.protocol import RequestPolicy
+
+    return RequestPolicy(
+        model_name=args.model_name or manifest.function,
+        vocab_size=manifest.model.vocab_size,
+        default_temperature=args.temperature,
+        default_top_p=args.top_p,
+        default_max_tokens=args.max_tokens,
+        max_tokens_limit=args.max_tokens_limit,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_n=args.max_batch or 16,
+        system_prompt=args.system_prompt,
+    )
+
+
+def fingerprint(manifest: Manifest) -> str:
+    """OpenAI's `system_fingerprint` for this bundle, so clients can tell builds apart."""
+    return "fp_" + manifest.digest.removeprefix("sha256:")[:12]
 
 
 def _skip_probes(record: logging.LogRecord) -> bool:
@@ -117,7 +135,8 @@ def _skip_probes(record: logging.LogRecord) -> bool:
     return not (isinstance(args, tuple) and len(args) > 2 and args[2] in _PROBE_PATHS)
 
 
-def load_engine(args: argparse.Namespace, model_name: str) -> Engine:
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine settings from `add_model_arguments`' flags; unset flags keep the engine's defaults."""
     from runtime.engine.engine import EngineConfig
 
     overrides: dict[str, Any] = {name: getattr(args, name) for name in _ENGINE_FLAGS if getattr(args, name)}
@@ -127,9 +146,11 @@ def load_engine(args: argparse.Namespace, model_name: str) -> Engine:
         overrides["prefix_cache_bytes"] = args.prefix_cache_mb << 20
     if args.providers:
         overrides["providers"] = tuple(p.strip() for p in args.providers.split(",") if p.strip())
-    engine = start_engine(
-        args.bundle, EngineConfig(**overrides), verify=not args.no_verify, system_prompt=args.system_prompt
-    )
+    return EngineConfig(**overrides)
+
+
+def load_engine(args: argparse.Namespace, model_name: str) -> Engine:
+    engine = start_engine(args.bundle, engine_config(args), verify=not args.no_verify, system_prompt=args.system_prompt)
     elapsed = time.perf_counter() - _PROCESS_START
     log.info("serving %s on http://%s:%d (%.2f s after start)", model_name, args.host, args.port, elapsed)
     return engine

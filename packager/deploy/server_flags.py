@@ -1,0 +1,32 @@
+"""Spec → runtime server flags, shared by every target that starts `python -m runtime serve`."""
+
+from __future__ import annotations
+
+from packager.spec import FunctionSpec
+
+
+def server_flags(spec: FunctionSpec) -> list[str]:
+    """The `python -m runtime serve` flags that carry the spec's runtime and endpoint settings.
+
+    The runtime never reads function.toml (it never imports the packager): every target passes these.
+    """
+    rt, endpoint = spec.runtime, spec.endpoint
+    flags = [
+        "--model-name", spec.name,
+        "--max-batch", str(rt.max_batch),
+        "--max-queue", str(rt.max_queue),
+        "--kv-memory-mb", str(rt.kv_memory_mb),
+        "--prefix-cache-mb", str(rt.prefix_cache_mb),
+        "--prefill-chunk", str(rt.prefill_chunk),
+        "--threads", str(rt.threads),
+        "--providers", ",".join(rt.providers),
+        "--temperature", str(rt.sampling.temperature),
+        "--top-p", str(rt.sampling.top_p),
+        "--max-tokens", str(rt.sampling.max_tokens),
+        "--max-tokens-limit", str(endpoint.max_tokens),
+    ]  # fmt: skip
+    if endpoint.max_prompt_tokens is not None:
+        flags += ["--max-prompt-tokens", str(endpoint.max_prompt_tokens)]
+    if rt.system_prompt:
+        flags += ["--system-prompt", rt.system_prompt]
+    return flags
