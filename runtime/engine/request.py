@@ -7,10 +7,10 @@ they never see the scheduler, the KV cache or ONNX Runtime.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class FinishReason(str, Enum):
+class FinishReason(StrEnum):
     STOP = "stop"  # an EOS token, a stop token id or a stop string
     LENGTH = "length"  # max_tokens reached, or the context is full
     ABORT = "abort"  # cancelled by the client (disconnect) or by shutdown

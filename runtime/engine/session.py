@@ -28,7 +28,7 @@ PROVIDER_NAMES = {
 class SessionOptions:
     threads: int = 2
     providers: tuple[str, ...] = ("cpu",)
-    allow_spinning: bool = True
+    allow_spinning: bool = False
 
 
 def ort_providers(names: Sequence[str]) -> list[str]:
