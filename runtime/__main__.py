@@ -10,9 +10,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from runtime.events import command as worker
 from runtime.server import serve
 
-COMMANDS = (serve,)
+COMMANDS = (serve, worker)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

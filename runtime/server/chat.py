@@ -23,6 +23,16 @@ CLIENT_CLOSED = 499  # nginx's status for "the client went away first"; only eve
 async def create_chat_completion(state: ServerState, request: Request, wire: WireFormat) -> Response:
     raw = await read_body(request, state.settings.max_body_bytes)
     parsed = parse_chat(decode_body(raw, request.headers.get("content-type")), state.policy)
+    generation, meta = submit_chat(state, parsed)
+    if parsed.stream:
+        chunks = _stream(generation, meta, parsed, wire)
+        return CancellableStream(chunks, media_type=wire.stream_media_type)
+    finished, body = await unless_disconnected(request.receive, lambda: collect_chat(generation, meta, parsed))
+    return wire.response(body) if finished else Response(status_code=CLIENT_CLOSED)
+
+
+def submit_chat(state: ServerState, parsed: ChatRequest) -> tuple[Generation, ResponseMeta]:
+    """Render the chat through the template and queue it; shared by HTTP and the queue frontends."""
     engine = state.require_engine()
     try:
         text = engine.tokenizer.apply_chat_template(list(parsed.messages), add_generation_prompt=True)
@@ -33,11 +43,7 @@ async def create_chat_completion(state: ServerState, request: Request, wire: Wir
     meta = ResponseMeta.new("chatcmpl", state.policy.model_name, state.settings.fingerprint)
     request_for_engine = GenerationRequest(meta.id, tuple(prompt), parsed.sampling)
     generation = Generation(engine, [request_for_engine], state.metrics.timer(), prompt_param="messages")
-    if parsed.stream:
-        chunks = _stream(generation, meta, parsed, wire)
-        return CancellableStream(chunks, media_type=wire.stream_media_type)
-    finished, body = await unless_disconnected(request.receive, lambda: _collect(generation, meta, parsed))
-    return wire.response(body) if finished else Response(status_code=CLIENT_CLOSED)
+    return generation, meta
 
 
 def _delta_choice(output: SequenceOutput, parsed: ChatRequest) -> dict[str, Any]:
@@ -74,7 +80,8 @@ async def _stream(
         generation.cancel()
 
 
-async def _collect(generation: Generation, meta: ResponseMeta, parsed: ChatRequest) -> dict[str, Any]:
+async def collect_chat(generation: Generation, meta: ResponseMeta, parsed: ChatRequest) -> dict[str, Any]:
+    """The whole `chat.completion` object once every sequence has finished."""
     n = parsed.sampling.n
     texts: list[list[str]] = [[] for _ in range(n)]
     logprobs: list[list[dict[str, Any]]] = [[] for _ in range(n)]

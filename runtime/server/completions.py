@@ -25,6 +25,20 @@ from runtime.server.state import ServerState, read_body
 async def create_completion(state: ServerState, request: Request, wire: WireFormat) -> Response:
     raw = await read_body(request, state.settings.max_body_bytes)
     parsed = parse_completion(decode_body(raw, request.headers.get("content-type")), state.policy)
+    generation, meta, echoes = submit_completion(state, parsed)
+    if parsed.stream:
+        return CancellableStream(_stream(generation, meta, parsed, echoes, wire), media_type=wire.stream_media_type)
+    finished, body = await unless_disconnected(
+        request.receive, lambda: collect_completion(generation, meta, parsed, echoes)
+    )
+    return wire.response(body) if finished else Response(status_code=CLIENT_CLOSED)
+
+
+def submit_completion(state: ServerState, parsed: CompletionRequest) -> tuple[Generation, ResponseMeta, list[str]]:
+    """Tokenize and queue every prompt; also returns each prompt's echo (empty unless `echo`).
+
+    Shared by HTTP and the queue frontends.
+    """
     engine = state.require_engine()
     token_prompts = [engine.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in parsed.prompts]
     for ids in token_prompts:
@@ -36,10 +50,7 @@ async def create_completion(state: ServerState, request: Request, wire: WireForm
     meta = ResponseMeta.new("cmpl", state.policy.model_name, state.settings.fingerprint)
     requests = [GenerationRequest(f"{meta.id}-{i}", tuple(ids), parsed.sampling) for i, ids in enumerate(token_prompts)]
     generation = Generation(engine, requests, state.metrics.timer(), prompt_param="prompt")
-    if parsed.stream:
-        return CancellableStream(_stream(generation, meta, parsed, echoes, wire), media_type=wire.stream_media_type)
-    finished, body = await unless_disconnected(request.receive, lambda: _collect(generation, meta, parsed, echoes))
-    return wire.response(body) if finished else Response(status_code=CLIENT_CLOSED)
+    return generation, meta, echoes
 
 
 def _empty_logprobs() -> dict[str, list[Any]]:
@@ -96,9 +107,10 @@ async def _stream(
         generation.cancel()
 
 
-async def _collect(
+async def collect_completion(
     generation: Generation, meta: ResponseMeta, parsed: CompletionRequest, echoes: list[str]
 ) -> dict[str, Any]:
+    """The whole `text_completion` object once every sequence of every prompt has finished."""
     n = parsed.sampling.n
     count = len(echoes) * n
     texts: list[list[str]] = [[echoes[i // n]] for i in range(count)]
