@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from importlib import import_module
 
 from rich.console import Console
+from rich.markup import escape
 
 from packager.errors import UserError
 
@@ -31,7 +32,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except UserError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        # Messages quote TOML tables like [runtime]: print them as text, not as rich markup.
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         return exc.exit_code
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")

@@ -86,9 +86,75 @@ class LocalTarget:
     port: int = bounded(0, lo=0, hi=65535)  # 0 = pick a free port
 
 
+# CloudWatch Logs accepts only these retention periods.
+_LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731,
+                       1096, 1827, 2192, 2557, 2922, 3288, 3653)  # fmt: skip
+_GPU_SIZES = ("xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "16xlarge", "24xlarge", "48xlarge")
+SAGEMAKER_INSTANCE_TYPES = (
+    *(f"ml.{family}.{size}" for family in ("g5", "g6", "g6e") for size in _GPU_SIZES),
+    *(f"ml.inf2.{size}" for size in ("xlarge", "8xlarge", "24xlarge", "48xlarge")),
+)
+
+
+@dataclass(frozen=True)
+class AwsLambdaTarget:
+    """`pkg deploy --target aws-lambda`: the image in ECR, a function URL, and an SQS queue with a DLQ."""
+
+    region: str | None = None  # default: boto3's ($AWS_REGION, ~/.aws/config)
+    endpoint_url: str | None = None  # default: $AWS_ENDPOINT_URL, else AWS itself
+    memory_mb: int = bounded(3008, lo=128, hi=10240)
+    timeout_seconds: int = bounded(120, lo=1, hi=900)
+    architecture: str = choice("x86_64", "arm64", default="x86_64")
+    ephemeral_storage_mb: int = bounded(1024, lo=512, hi=10240)
+    reserved_concurrency: int | None = field(default=None, metadata={"min": 0, "max": None})
+    provisioned_concurrency: int = bounded(0, lo=0)
+    snapstart: bool = False  # AWS offers SnapStart for zip packages only: true is refused with the reason
+    url_auth: str = choice("AWS_IAM", "NONE", default="AWS_IAM")
+    batch_size: int = bounded(8, lo=1, hi=10000)
+    batch_window_seconds: int = bounded(0, lo=0, hi=300)
+    max_receive_count: int = bounded(3, lo=1, hi=1000)
+    max_concurrency: int | None = field(default=None, metadata={"min": 2, "max": 1000})  # per event source
+    log_retention_days: int = field(default=30, metadata={"choices": _LOG_RETENTION_DAYS})
+
+
+@dataclass(frozen=True)
+class NeuronSection:
+    """Static shapes for `optimum-cli export neuron` (Inferentia compiles one graph per shape)."""
+
+    batch_size: int = bounded(1, lo=1, hi=64)
+    sequence_length: int = bounded(2048, lo=16, hi=32768)
+    num_cores: int = bounded(2, lo=1, hi=24)
+    auto_cast_type: str = choice("bf16", "fp16", "fp32", default="bf16")
+
+
+@dataclass(frozen=True)
+class AwsSageMakerTarget:
+    """`pkg deploy --target aws-sagemaker`: a GPU (ml.g5 / ml.g6) or Inferentia (ml.inf2) endpoint with autoscaling.
+
+    `min_instances = 0` (scale to zero) needs `mode = "async"`: requests wait in S3 while no instance runs.
+    """
+
+    region: str | None = None
+    endpoint_url: str | None = None
+    instance_type: str = field(default="ml.g5.xlarge", metadata={"choices": SAGEMAKER_INSTANCE_TYPES})
+    mode: str = choice("realtime", "async", default="realtime")
+    min_instances: int = bounded(1, lo=0, hi=100)
+    max_instances: int = bounded(2, lo=1, hi=100)
+    scaling_metric: str = choice("invocations", "concurrency", "backlog", default="invocations")
+    scaling_target: float = bounded(8.0, lo=0.1)
+    scale_in_cooldown_seconds: int = bounded(300, lo=0, hi=3600)
+    scale_out_cooldown_seconds: int = bounded(60, lo=0, hi=3600)
+    max_concurrent_invocations: int = bounded(4, lo=1, hi=1000)  # per instance, async mode
+    startup_timeout_seconds: int = bounded(600, lo=60, hi=3600)
+    log_retention_days: int = field(default=30, metadata={"choices": _LOG_RETENTION_DAYS})
+    neuron: NeuronSection = field(default_factory=NeuronSection)
+
+
 @dataclass(frozen=True)
 class TargetsSection:
     local: LocalTarget = field(default_factory=LocalTarget)
+    aws_lambda: AwsLambdaTarget = field(default_factory=AwsLambdaTarget, metadata={"key": "aws-lambda"})
+    aws_sagemaker: AwsSageMakerTarget = field(default_factory=AwsSageMakerTarget, metadata={"key": "aws-sagemaker"})
 
 
 @dataclass(frozen=True)
@@ -163,7 +229,8 @@ def _parse_table(cls: type, table: Any, prefix: str, problems: list[str]) -> dic
         problems.append(f"[{prefix.rstrip('.')}] must be a table, got {table!r}")
         return {}
     hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in fields(cls) if not f.metadata.get("internal")}
+    # A TOML key that is not a Python name (`aws-lambda`) is given in the field's metadata.
+    known = {f.metadata.get("key", f.name): f for f in fields(cls) if not f.metadata.get("internal")}
     for key in table.keys() - known.keys():
         problems.append(f"{prefix}{key}: unknown key; allowed keys here: {', '.join(sorted(known))}")
     values: dict[str, Any] = {}
@@ -173,14 +240,14 @@ def _parse_table(cls: type, table: Any, prefix: str, problems: list[str]) -> dic
             if spec_field.default is MISSING and spec_field.default_factory is MISSING:
                 problems.append(f"{key}: required key is missing")
             continue
-        hint = _optional_section(hints[name])
+        hint = _optional_section(hints[spec_field.name])
         if isinstance(hint, type) and hasattr(hint, "__dataclass_fields__"):
             before = len(problems)
             nested = _parse_table(hint, table[name], key + ".", problems)
             if len(problems) == before:
-                values[name] = hint(**nested)
+                values[spec_field.name] = hint(**nested)
         else:
-            values[name] = _check_value(key, table[name], hint, spec_field.metadata, problems)
+            values[spec_field.name] = _check_value(key, table[name], hint, spec_field.metadata, problems)
     return values
 
 

@@ -5,4 +5,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # The image tests run a real registry and real containers: Debian packages, installed once.
 bash scripts/setup_image_tools.sh
+# Terraform (as a library), python-hcl2 and checkov (its own venv) for the infra/terraform checks.
+bash scripts/setup_terraform_tools.sh
 exec .venv/bin/python -m pytest -q "$@"

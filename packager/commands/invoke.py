@@ -1,6 +1,8 @@
 """`pkg invoke functions/NAME "prompt"`: stream a chat reply from the deployed endpoint to stdout.
 
 The reply goes to stdout as it arrives (so it pipes cleanly); token counts and timing go to stderr.
+`--target aws-lambda` and `--target aws-sagemaker` go through boto3 (Lambda's Invoke, SageMaker's
+InvokeEndpoint) and print the whole reply once it is complete.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import httpx
 from rich.console import Console
 
 from packager.deploy import local
+from packager.deploy.base import TARGETS, target
 from packager.errors import UserError
-from packager.spec import load_spec
+from packager.spec import FunctionSpec, load_spec
 
 err_console = Console(stderr=True)
 
@@ -27,15 +30,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("invoke", help="send a chat prompt to a deployed function")
     parser.add_argument("function", type=Path, help="function folder holding function.toml")
     parser.add_argument("prompt", help="the user message")
+    parser.add_argument("--target", choices=TARGETS, default="local")
     parser.add_argument("--system", help="a system message (default: the function's system prompt)")
     parser.add_argument("--max-tokens", type=int, help="default: the function's")
     parser.add_argument("--temperature", type=float, help="default: the function's")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the whole reply")
+    parser.add_argument("--queue", metavar="QUEUE_URL", help="send through this SQS queue and wait for the result")
+    parser.add_argument(
+        "--reply-to",
+        metavar="S3_URI|QUEUE_URL",
+        help="with --queue: where the result goes (default: a temporary queue)",
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.function)
+    if args.queue:
+        return _invoke_queue(spec, args)
+    if args.target != "local":
+        return _invoke_aws(spec, args)
     status = local.status(spec)
     if status is None:
         raise UserError(f"{spec.name} is not deployed; deploy it first: pkg deploy {args.function} --target local")
@@ -45,19 +59,7 @@ def run(args: argparse.Namespace) -> int:
             f"the local deployment of {spec.name} is not serving (state: {status.state}, pid {status.pid}); "
             f"redeploy with `pkg deploy {args.function} --target local`\n{tail}"
         )
-    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-        {"role": "user", "content": args.prompt}
-    ]
-    body: dict[str, Any] = {
-        "model": spec.name,
-        "messages": messages,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if args.max_tokens is not None:
-        body["max_tokens"] = args.max_tokens
-    if args.temperature is not None:
-        body["temperature"] = args.temperature
+    body = _chat_body(spec.name, args, stream=True)
     key = status.deployment.api_key.read()
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     started = time.perf_counter()
@@ -67,6 +69,56 @@ def run(args: argparse.Namespace) -> int:
         err_console.print(
             f"[dim]{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens "
             f"in {elapsed:.2f} s[/]"
+        )
+    return 0
+
+
+def _chat_body(model: str, args: argparse.Namespace, *, stream: bool) -> dict[str, Any]:
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}
+    ]
+    body: dict[str, Any] = {"model": model, "messages": messages}
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True})
+    if args.max_tokens is not None:
+        body["max_tokens"] = args.max_tokens
+    if args.temperature is not None:
+        body["temperature"] = args.temperature
+    return body
+
+
+def _invoke_queue(spec: FunctionSpec, args: argparse.Namespace) -> int:
+    from packager.queue_client import invoke_via_queue
+
+    started = time.perf_counter()
+    body = _chat_body(spec.name, args, stream=False)
+    result = invoke_via_queue(args.queue, "chat", body, reply_to=args.reply_to, timeout=args.timeout)
+    elapsed = time.perf_counter() - started
+    if result.status != 200:
+        error = result.body.get("error", {})
+        raise UserError(f"the function answered {result.status}: {error.get('message')} (param: {error.get('param')})")
+    sys.stdout.write(str(result.body["choices"][0]["message"]["content"]) + "\n")
+    sys.stdout.flush()
+    usage = result.body["usage"]
+    err_console.print(
+        f"[dim]{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens "
+        f"in {elapsed:.2f} s via the queue[/]"
+    )
+    return 0
+
+
+def _invoke_aws(spec: FunctionSpec, args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    reply = target(args.target).invoke(spec, "/v1/chat/completions", _chat_body(spec.name, args, stream=False))
+    elapsed = time.perf_counter() - started
+    choices = reply.get("choices") or [{}]
+    sys.stdout.write(str(choices[0].get("message", {}).get("content") or "") + "\n")
+    sys.stdout.flush()
+    usage = reply.get("usage")
+    if usage:
+        err_console.print(
+            f"[dim]{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens "
+            f"in {elapsed:.2f} s via {args.target}[/]"
         )
     return 0
 

@@ -8,11 +8,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from packager.commands.deploy import TARGETS
-from packager.spec import load_spec
+from packager.deploy.base import TARGETS, TargetStatus, target
+from packager.errors import UserError
+from packager.spec import FunctionSpec, load_spec
 
 console = Console()
-_STATE_STYLES = {"ready": "green", "starting": "yellow", "failed": "red", "unresponsive": "red", "exited": "red"}
+_STATE_STYLES = {
+    "ready": "green", "starting": "yellow", "updating": "yellow",
+    "failed": "red", "unresponsive": "red", "exited": "red", "missing": "red", "unreachable": "red",
+}  # fmt: skip
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.function)
-    statuses = [s for s in (target.status(spec) for target in TARGETS.values()) if s is not None]
+    statuses = [s for s in (_status(name, spec) for name in TARGETS) if s is not None]
     if not statuses:
         console.print(f"{spec.name} is not deployed; deploy it with: pkg deploy {args.function} --target local")
         return 0
@@ -35,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(
             status.target,
             status.url,
-            str(status.pid),
+            "-" if status.pid is None else str(status.pid),
             status.bundle_digest[:19],
             f"[{style}]{status.state}[/]",
             format_uptime(status.uptime_seconds),
@@ -43,8 +47,16 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     for status in statuses:
         if status.state != "ready":
-            console.print(f"{status.target}: see {status.deployment.log_file}", highlight=False)
+            console.print(f"{status.target}: {status.detail}", highlight=False)
     return 0
+
+
+def _status(name: str, spec: FunctionSpec) -> TargetStatus | None:
+    """One target's row; a target that cannot be asked (credentials, network) says why instead of hiding the rest."""
+    try:
+        return target(name).status(spec)
+    except UserError as exc:
+        return TargetStatus(target=name, url="-", bundle_digest="", state="unreachable", detail=str(exc))
 
 
 def format_uptime(seconds: float | None) -> str:

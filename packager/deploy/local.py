@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from packager.deploy.base import TargetStatus
 from packager.deploy.server_flags import server_flags
 from packager.errors import UserError
 from packager.paths import build_dir, bundle_dir
@@ -99,19 +100,6 @@ class LocalDeployment:
     @property
     def api_key(self) -> ApiKey:
         return ApiKey(self.api_key_source, self.api_key_location)
-
-
-@dataclass(frozen=True)
-class TargetStatus:
-    """One row of `pkg status`; `state` is ready, starting, failed, unresponsive or exited."""
-
-    target: str
-    url: str
-    pid: int
-    bundle_digest: str
-    state: str
-    uptime_seconds: float | None
-    deployment: LocalDeployment
 
 
 def state_dir(spec: FunctionSpec) -> Path:
@@ -198,6 +186,7 @@ def status(spec: FunctionSpec) -> TargetStatus | None:
         bundle_digest=deployment.bundle_digest,
         state=_probe(deployment.url) if alive else "exited",
         uptime_seconds=time.time() - deployment.started_at if alive else None,
+        detail=f"see {deployment.log_file}",
         deployment=deployment,
     )
 

@@ -41,6 +41,8 @@ BASE_VERSION = 1  # bump when trimming or layout changes, to rebuild cached laye
 RUNTIME_DISTRIBUTIONS = (
     "onnxruntime", "numpy", "tokenizers", "jinja2", "markupsafe", "starlette", "anyio", "idna",
     "typing_extensions", "uvicorn", "click", "h11", "msgpack", "prometheus_client",
+    # The queue worker and the Lambda handler (runtime/events) talk to SQS and S3.
+    "boto3", "botocore", "s3transfer", "jmespath", "python_dateutil", "six", "urllib3",
 )  # fmt: skip
 # The Lambda runtime interface client (the `lambda` command); not installed in the packager's environment.
 LAMBDA_DISTRIBUTIONS = ("awslambdaric==3.1.1", "simplejson==3.20.1", "snapshot-restore-py==1.0.0")

@@ -1,0 +1,7 @@
+output "endpoint_name" {
+  value = aws_sagemaker_endpoint.this.name
+}
+
+output "endpoint_arn" {
+  value = aws_sagemaker_endpoint.this.arn
+}
