@@ -1,0 +1,76 @@
+"""What each system must read: artifact sizes, bytes per decode token, and the bandwidth limit they imply.
+
+Decode at batch 1 reads every weight once per token plus the KV cache so far, so
+`limit tok/s = read bandwidth / (weights bytes + KV bytes at the mean decode context)`. The weights
+figure is the file size: an upper bound on what a step reads (an embedding table is gathered, not
+streamed), so a system may beat its "limit" slightly when its file holds such tables.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runtime.bundle import open_bundle
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """The files one system loads, and the dtype of its KV cache."""
+
+    label: str
+    weights_bytes: int
+    total_bytes: int
+    kv_bytes_per_token: int
+
+    def bytes_per_token(self, context: float) -> float:
+        return self.weights_bytes + self.kv_bytes_per_token * context
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def artifacts(bundle_dir: Path, gguf: Path, hf_dir: Path) -> dict[str, Artifact]:
+    """Per system: onnxfn and genai share the bundle; llama.cpp keeps an f16 KV; transformers runs fp32."""
+    manifest = open_bundle(bundle_dir, verify=False).manifest
+    facts = manifest.model
+    kv_elements = 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim
+    weights = sum(e.size for name, e in manifest.files.items() if name.startswith(manifest.model_file))
+    bundle = Artifact(f"bundle ({facts.precision})", weights, dir_bytes(bundle_dir), facts.kv_bytes_per_token())
+    gguf_artifact = Artifact("GGUF Q4_1", gguf.stat().st_size, gguf.stat().st_size, kv_elements * 2)
+    hf_weights = sum(p.stat().st_size for p in hf_dir.glob("*.safetensors"))
+    hf_artifact = Artifact("HF folder fp32", hf_weights, dir_bytes(hf_dir), kv_elements * 4)
+    return {
+        "onnxfn": bundle,
+        "onnxfn-http": bundle,
+        "genai": bundle,
+        "llamacpp": gguf_artifact,
+        "llamacpp-server": gguf_artifact,
+        "transformers": hf_artifact,
+    }
+
+
+def bandwidth_limits(
+    found: dict[str, Artifact], bandwidth: float, context: float, decode: dict[str, Any]
+) -> dict[str, dict[str, float]]:
+    limits = {}
+    for name, artifact in found.items():
+        per_token = artifact.bytes_per_token(context)
+        entry = {"bytes_per_token": per_token, "limit_tok_s": bandwidth / per_token}
+        measured = decode.get(name, {}).get("tok_s")
+        if measured is not None:
+            entry["fraction"] = measured / entry["limit_tok_s"]
+        limits[name] = entry
+    return limits
+
+
+def cold_floor(bundle_bytes: int, bandwidth: float, interpreter_s: float) -> float:
+    return bundle_bytes / bandwidth + interpreter_s
+
+
+def read_quality(bundle_dir: Path) -> dict[str, Any] | None:
+    path = bundle_dir / "quality.json"
+    return json.loads(path.read_text()) if path.is_file() else None

@@ -1,0 +1,268 @@
+"""results.json -> results.md: absolute numbers, each beside its ratio to onnxfn and a plain verdict.
+
+`onnxfn x` is how many times better onnxfn is on that figure (throughput: onnxfn / system; latency
+and memory: system / onnxfn). Below 1.00 onnxfn loses, and the verdict column says so. Server rows
+are compared with onnxfn over HTTP, in-process rows with the in-process engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from benchlib.systems import SERVERS
+
+BUSY_SHARE = 0.05  # other processes' share of CPU time above which the report warns
+
+
+def baseline_of(system: str) -> str:
+    return "onnxfn-http" if system in SERVERS else "onnxfn"
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def ms(value: float | None) -> str:
+    return fmt(None if value is None else value * 1000, 0 if value is not None and value >= 0.1 else 1)
+
+
+def failure(entry: dict[str, Any]) -> str | None:
+    for key in ("error", "unsupported"):
+        if key in entry:
+            text = " ".join(str(entry[key]).split())
+            return f"{key}: {text[:160]}".replace("|", "/")
+    return None
+
+
+def ratio(system: str, table: dict[str, dict[str, Any]], key: str, higher_is_better: bool) -> tuple[str, str]:
+    """(`onnxfn x` cell, verdict cell) for one row."""
+    base_name = baseline_of(system)
+    if system == base_name:
+        return "1.00", "baseline"
+    mine, base = table.get(system, {}).get(key), table.get(base_name, {}).get(key)
+    if mine is None or base is None or not mine or not base:
+        return "-", f"no {base_name} figure"
+    times = base / mine if higher_is_better else mine / base
+    return f"{times:.2f}", ("onnxfn wins" if times >= 1.0 else f"**onnxfn loses** ({base_name})")
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def render_decode(results: dict[str, Any]) -> str:
+    decode = results["decode"]
+    systems = decode["systems"]
+    limits = results.get("limit", {}).get("systems", {})
+    reference = systems.get("onnxfn", {}).get("token_ids") or systems.get("genai", {}).get("token_ids")
+    rows = []
+    for name, entry in systems.items():
+        if problem := failure(entry):
+            rows.append([name, problem, "", "", "", "", "", ""])
+            continue
+        times, verdict = ratio(name, systems, "tok_s", higher_is_better=True)
+        limit = limits.get(name, {})
+        same = "-"
+        if entry.get("token_ids") and reference:
+            same = "yes" if entry["token_ids"] == reference else "no"
+        rows.append([
+            name, fmt(entry["tok_s"]), times, verdict, ms(entry["ttft_s"]), fmt(limit.get("limit_tok_s")),
+            fmt(100 * limit["fraction"], 0) + " %" if "fraction" in limit else "-", same,
+        ])  # fmt: skip
+    title = (
+        f"## Decode, batch 1 ({decode['prompt_tokens']}-token prompt, {decode['new_tokens']} new tokens, greedy)\n\n"
+    )
+    header = ["system", "decode tok/s", "onnxfn x", "verdict", "TTFT ms", "limit tok/s", "of limit"]
+    return title + table([*header, "first 16 tokens = onnxfn's"], rows)
+
+
+def render_prefill(results: dict[str, Any]) -> str:
+    prefill = results["prefill"]
+    out = "## Prefill and time to first token (batch 1, one new token)\n\n"
+    rows = []
+    for length in prefill["lengths"]:
+        systems = prefill["systems_by_length"][str(length)]
+        for name, entry in systems.items():
+            if problem := failure(entry):
+                rows.append([str(length), name, problem, "", "", ""])
+                continue
+            times, verdict = ratio(name, systems, "tok_s", higher_is_better=True)
+            rows.append([str(length), name, fmt(entry["tok_s"], 0), ms(entry["ttft_s"]), times, verdict])
+    return out + table(["prompt tokens", "system", "prefill tok/s", "TTFT ms", "onnxfn x", "verdict"], rows)
+
+
+def render_concurrency(results: dict[str, Any]) -> str:
+    conc = results["concurrency"]
+    out = (
+        f"## Concurrent streams ({conc['prompt_tokens']}-token prompts, {conc['new_tokens']} new tokens each, "
+        "all submitted at once; servers over HTTP, others as one in-process batch)\n\n"
+    )
+    rows = []
+    for level in conc["levels"]:
+        systems = conc["systems_by_level"][str(level)]
+        for name, entry in systems.items():
+            if problem := failure(entry):
+                rows.append([str(level), name, problem, "", "", "", "", "", ""])
+                continue
+            times, verdict = ratio(name, systems, "aggregate_tok_s", higher_is_better=True)
+            rows.append([
+                str(level), name, fmt(entry["aggregate_tok_s"]), times, verdict, ms(entry["ttft_p50_s"]),
+                ms(entry["ttft_p99_s"]), ms(entry["tpot_p50_s"]), ms(entry["tpot_p99_s"]),
+            ])  # fmt: skip
+    header = ["streams", "system", "aggregate tok/s", "onnxfn x", "verdict", "TTFT p50 ms", "TTFT p99 ms"]
+    return out + table([*header, "TPOT p50 ms", "TPOT p99 ms"], rows)
+
+
+def render_cold(results: dict[str, Any]) -> str:
+    cold = results["cold"]
+    out = "## Cold start (fresh process: exec → first streamed token)\n\n"
+    for label, key in (("page cache warm", "warm_cache"), ("page cache dropped", "dropped_cache")):
+        figure = cold[key]
+        if "skipped" in figure:
+            out += f"**{label}**: not measured: {figure['skipped']}.\n\n"
+            continue
+        rows = []
+        for name, entry in figure["systems"].items():
+            if problem := failure(entry):
+                rows.append([name, problem, "", "", "", ""])
+                continue
+            times, verdict = ratio(name, figure["systems"], "total_s", higher_is_better=False)
+            phases = ", ".join(f"{k} {ms(v)}" for k, v in entry["phases_s"].items())
+            rows.append([name, ms(entry["total_s"]), times, verdict, phases, fmt(entry["peak_rss_mib"], 0)])
+        out += f"**{label}**\n\n" + table(["system", "total ms", "onnxfn x", "verdict", "phases (ms)", "RSS MiB"], rows)
+        out += "\n"
+    return out + f"Floor: bundle bytes / read bandwidth + bare `python -c pass` = {ms(cold['floor_s'])} ms.\n"
+
+
+def render_memory(results: dict[str, Any]) -> str:
+    memory, artifacts = results.get("memory", {}), results.get("artifacts", {})
+    whole = results.get("peak_rss_whole_run", {})
+    names = list(dict.fromkeys([*memory, *whole]))
+    rows = []
+    for name in names:
+        entry = memory.get(name, {})
+        artifact = artifacts.get(name, {})
+        size = fmt(artifact["total_bytes"] / 1e6, 1) if artifact else "-"
+        cells = [fmt(entry.get("loaded_rss_mib"), 0), fmt(entry.get("peak_rss_mib"), 0)]
+        if problem := failure(entry):
+            cells = [problem, ""]
+        times, verdict = ratio(name, memory, "peak_rss_mib", higher_is_better=False)
+        rows.append([name, *cells, times, verdict, fmt(whole.get(name, {}).get("peak_rss_mib"), 0)])
+        rows[-1] += [artifact.get("label", "-"), size]
+    header = ["system", "RSS loaded MiB", "peak RSS decode MiB", "onnxfn x", "verdict", "peak RSS whole bench MiB"]
+    note = "Servers: the server process only. Whole bench: the long-lived worker after every throughput figure.\n\n"
+    return "## Memory and size\n\n" + note + table([*header, "artifact", "size MB"], rows)
+
+
+def render_limit(results: dict[str, Any]) -> str:
+    limit, machine = results["limit"], results["machine"]
+    bw = ", ".join(f"{k.replace('_', ' ')} {v / 1e9:.1f} GB/s" for k, v in machine["read_bandwidth_bytes_s"].items())
+    out = (
+        "## The bandwidth limit (decode, batch 1)\n\n"
+        f"Read bandwidth over a 512 MiB array: {bw}; the limit uses the best. Bytes per token = weights file + KV at "
+        f"the mean decode context ({limit['mean_decode_context']:.0f} tokens). The file size over-counts tables that "
+        "are gathered rather than streamed (an int8 bundle's fp32 embedding), so a fraction above 100 % is "
+        "possible.\n\n"
+    )
+    rows = [
+        [name, fmt(e["bytes_per_token"] / 1e6, 1), fmt(e["limit_tok_s"]), fmt(100 * e["fraction"], 0) + " %"]
+        for name, e in limit["systems"].items()
+        if "fraction" in e
+    ]
+    return out + table(["system", "MB read per token", "limit tok/s", "measured / limit"], rows)
+
+
+def render_quality(results: dict[str, Any]) -> str:
+    quality = results["quality"]
+    if quality is None:
+        return "## Quality\n\nThe bundle has no quality.json (it was not built by `pkg build`).\n"
+    out = "## Quality (the bundle's quality.json, written by `pkg build`)\n\n"
+    candidates = quality.get("candidates")
+    if not isinstance(candidates, list):  # a layout this report does not know: show it as it is
+        return out + "```json\n" + json.dumps(quality, indent=2) + "\n```\n"
+    method = quality.get("method", {})
+    out += (
+        f"Reference {quality.get('reference', '?')}; {method.get('prompts', '?')} prompts, "
+        f"{method.get('continuation_tokens', '?')} continuation tokens; KL: {method.get('kl', '?')}; "
+        f"perplexity: {method.get('perplexity', '?')}. Chosen: **{quality.get('chosen', '?')}**.\n\n"
+    )
+    rows = [
+        [
+            str(c.get("precision")),
+            fmt(c.get("top1_agreement"), 3),
+            fmt(c.get("mean_kl"), 4),
+            fmt(c.get("max_kl"), 3),
+            fmt(c.get("perplexity"), 2),
+            fmt(c.get("perplexity_increase_pct"), 1) + " %",
+            f"{c.get('greedy_match_prompts', '?')}/{c.get('greedy_prompts', '?')}",
+            "yes" if c.get("passes") else "no: " + "; ".join(c.get("failures", [])),
+        ]
+        for c in candidates
+    ]
+    header = ["precision", "top-1 agreement", "mean KL", "max KL", "perplexity", "vs fp32", "greedy match"]
+    out += table([*header, "within budget"], rows)
+    if parity := quality.get("torch_parity"):
+        out += (
+            f"\nfp32 ONNX vs PyTorch: identical greedy output on {parity.get('identical_greedy')}"
+            f"/{parity.get('prompts')} prompts.\n"
+        )
+    return out
+
+
+def render_header(results: dict[str, Any]) -> str:
+    meta = results["meta"]
+    facts = meta["machine"]
+    versions = ", ".join(f"{k} {v}" for k, v in facts["packages"].items())
+    lines = [
+        "# onnxfn benchmark",
+        "",
+        f"Run {meta['started']}, {meta['duration_s'] / 60:.1f} min{' (--quick)' if meta['quick'] else ''}. "
+        f"CPU: {facts['cpu_model']} ({facts['logical_cpus']} logical, {', '.join(facts['cpu_flags'])}), "
+        f"{facts['memory_gib']} GiB, Linux {facts['kernel']}, Python {facts['python']}. "
+        f"{meta['threads']} intra-op threads everywhere.",
+        "",
+        f"Bundle `{meta['bundle']}`; GGUF `{meta['gguf']}`; HF folder `{meta['hf_dir']}`. "
+        f"Prompts: token windows of `{meta['prompt_source']}` (fresh text every round, identical across systems). "
+        f"Medians of {meta['plan']['repetitions']} interleaved rounds after one warm-up round.",
+        "",
+        f"Versions: {versions}.",
+        "",
+    ]
+    share = meta["others_cpu_share"]
+    if share > BUSY_SHARE or meta["load_average_start"] > facts["logical_cpus"] - 0.5:
+        lines.append(
+            f"- **Warning: the machine was busy**: other processes used {100 * share:.0f} % of all CPU time during "
+            f"the run (1-min load average {meta['load_average_start']:.1f} at the start, on "
+            f"{facts['logical_cpus']} CPUs). Thread pools that spin-wait (llama.cpp's most, then ONNX Runtime's) "
+            "lose far more than their share on a contended machine, so these ratios are not representative; "
+            "rerun on an idle machine."
+        )
+    else:
+        lines.append(f"- Other processes used {100 * share:.0f} % of all CPU time during the run.")
+    lines += [f"- Note: {note}" for note in meta["notes"]]
+    for name, error in results.get("start_errors", {}).items():
+        lines.append(f"- {name} did not start: {' '.join(error.split())[-400:]}")
+    return "\n".join(lines) + "\n\n"
+
+
+RENDERERS = (
+    ("decode", render_decode),
+    ("limit", render_limit),
+    ("prefill", render_prefill),
+    ("concurrency", render_concurrency),
+    ("cold", render_cold),
+    ("memory", render_memory),
+    ("quality", render_quality),
+)
+
+
+def render(results: dict[str, Any]) -> str:
+    parts = [render_header(results)]
+    parts += [renderer(results) for key, renderer in RENDERERS if key in results]
+    return "\n".join(parts)

@@ -1,0 +1,126 @@
+"""OpenAI-compatible servers under test: launch one, wait until it serves, stream completions from it."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from benchlib.systems.base import StreamTiming, now
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """How to start a server and how to ask it for a completion."""
+
+    command: list[str]
+    ready_path: str
+    extra_body: dict[str, object]
+    env: dict[str, str]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(spec: ServerSpec, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """Start the server with its output in `log_path` (a pipe nobody drains would stall a chatty server)."""
+    command = [part.replace("{port}", str(port)) for part in spec.command]
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            command, env={**os.environ, **spec.env}, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux for SIGTERM when the launching process dies, so no server outlives
+    a killed bench (PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def wait_ready(
+    process: subprocess.Popen[bytes], base_url: str, path: str, log_path: Path, timeout: float = 120.0
+) -> float:
+    """Poll until the server answers `path` with 200; returns the monotonic time it did."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=base_url, timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"server exited with {process.returncode} before it was ready:\n{tail}")
+            try:
+                if client.get(path).status_code == 200:
+                    return now()
+            except httpx.TransportError:
+                pass
+            time.sleep(0.01)
+    raise TimeoutError(f"server at {base_url} was not ready after {timeout} s")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def stream_completion(
+    client: httpx.AsyncClient, prompt: str, max_tokens: int, extra_body: dict[str, object]
+) -> StreamTiming:
+    body = {
+        "model": "bench",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        **extra_body,
+    }
+    start = now()
+    marks: list[float] = []
+    usage_tokens = None
+    async with client.stream("POST", "/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            detail = (await response.aread()).decode(errors="replace")
+            raise RuntimeError(f"completion failed with HTTP {response.status_code}: {detail[:500]}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            chunk = json.loads(payload)
+            if any(carries_token(choice) for choice in chunk.get("choices") or ()):
+                marks.append(now())
+            if chunk.get("usage"):
+                usage_tokens = chunk["usage"].get("completion_tokens")
+    if not marks:
+        raise RuntimeError("the stream carried no tokens")
+    return StreamTiming(first=marks[0] - start, last=marks[-1] - start, tokens=usage_tokens or len(marks))
+
+
+def carries_token(choice: dict[str, object]) -> bool:
+    """A streamed choice holds a token unless it is the closing chunk (finish_reason set, no text).
+    A token that ends inside a UTF-8 character arrives as an empty text without a finish_reason."""
+    return bool(choice.get("text")) or choice.get("finish_reason") is None
+
+
+async def run_streams(base_url: str, prompts: list[str], max_tokens: int, extra_body: dict[str, object]) -> list:
+    limits = httpx.Limits(max_connections=len(prompts) + 4, max_keepalive_connections=len(prompts) + 4)
+    async with httpx.AsyncClient(base_url=base_url, timeout=600.0, limits=limits) as client:
+        return await asyncio.gather(*(stream_completion(client, p, max_tokens, extra_body) for p in prompts))

@@ -1,0 +1,22 @@
+"""The systems under test, imported lazily so a cold start pays only for its own libraries."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> (module, class). The SERVERS are reached over HTTP; the others run inside the worker.
+REGISTRY = {
+    "onnxfn": ("benchlib.systems.onnxfn", "OnnxfnSystem"),
+    "onnxfn-http": ("benchlib.systems.server", "ServerSystem"),
+    "genai": ("benchlib.systems.genai", "GenaiSystem"),
+    "llamacpp": ("benchlib.systems.llamacpp", "LlamaCppSystem"),
+    "llamacpp-server": ("benchlib.systems.server", "ServerSystem"),
+    "transformers": ("benchlib.systems.hf", "TransformersSystem"),
+}
+SERVERS = ("onnxfn-http", "llamacpp-server")
+
+
+def import_system(name: str) -> type[Any]:
+    module_name, class_name = REGISTRY[name]
+    return getattr(importlib.import_module(module_name), class_name)

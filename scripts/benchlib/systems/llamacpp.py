@@ -1,0 +1,69 @@
+"""llama.cpp through llama-cpp-python, in-process, on the original Q4_1 GGUF (one sequence at a time)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llama_cpp import Llama
+
+from benchlib.systems.base import (
+    MAX_CONTEXT,
+    PromptSpec,
+    StreamTiming,
+    SystemConfig,
+    now,
+    process_memory,
+    timings_from_marks,
+)
+
+
+def gguf_tokenizer(gguf: str) -> Callable[[str], list[int]]:
+    """llama.cpp's own tokenizer for `gguf` (vocabulary only), as its server tokenizes a text prompt."""
+    vocab = Llama(model_path=gguf, vocab_only=True, verbose=False)
+    return lambda text: vocab.tokenize(text.encode(), add_bos=False, special=True)
+
+
+class LlamaCppSystem:
+    def __init__(self, config: SystemConfig) -> None:
+        self.max_streams = 1
+        # No repacked-weight buffers exist for Q4_1 (llama.cpp keeps every tensor in plain CPU buffers), so
+        # the AMX/repack crash in FIELD-NOTES cannot occur here: the default build and settings are used.
+        self._llama = Llama(
+            model_path=config.gguf,
+            n_ctx=MAX_CONTEXT,
+            n_threads=config.threads,
+            n_threads_batch=config.threads,
+            verbose=False,
+        )
+
+    def _stream(self, ids: list[int], max_tokens: int) -> tuple[list[float], list[int]]:
+        # reset() forgets the previous prompt, so no prefix of it is reused: every run prefills fully.
+        self._llama.reset()
+        marks: list[float] = []
+        tokens: list[int] = []
+        # generate() never stops at EOS by itself (create_completion does): ignore_eos for free.
+        for token in self._llama.generate(ids, temp=0.0, repeat_penalty=1.0, reset=True):
+            marks.append(now())
+            tokens.append(token)
+            if len(tokens) == max_tokens:
+                break
+        return marks, tokens
+
+    def run(self, prompts: list[PromptSpec], max_tokens: int) -> list[StreamTiming]:
+        if len(prompts) != 1:
+            raise ValueError("llama-cpp-python's Llama runs one sequence at a time")
+        start = now()
+        marks, tokens = self._stream(prompts[0].ids, max_tokens)
+        return [timings_from_marks(start, marks, tokens)]
+
+    def first_token(self, text: str) -> dict[str, float]:
+        ids = self._llama.tokenize(text.encode(), add_bos=False, special=False)
+        tokenized = now()
+        marks, _ = self._stream(ids, 1)
+        return {"tokenizer": tokenized, "first_token": marks[0]}
+
+    def memory(self) -> dict[str, float]:
+        return process_memory()
+
+    def close(self) -> None:
+        self._llama.close()

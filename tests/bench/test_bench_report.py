@@ -1,0 +1,59 @@
+"""The bench's arithmetic and its report's verdicts (no timing here: benchmarks are never tests)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+from benchlib import report
+from benchlib.sections import decode_rate
+from benchlib.stats import percentile
+
+
+def test_percentile_interpolates_between_order_statistics() -> None:
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == pytest.approx(2.5)
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 99) == pytest.approx(4.96)
+    assert percentile([7.0], 99) == 7.0
+
+
+def test_decode_rate_excludes_the_first_token() -> None:
+    # 11 tokens: the first at 0.5 s, the last at 1.5 s -> 10 decode steps in 1 s.
+    assert decode_rate({"tokens": 11, "first": 0.5, "last": 1.5}) == pytest.approx(10.0)
+
+
+def decode_results(onnxfn_tok_s: float, genai_tok_s: float) -> dict:
+    ids = [1, 2, 3]
+    return {
+        "decode": {
+            "prompt_tokens": 32,
+            "new_tokens": 256,
+            "systems": {
+                "onnxfn": {"tok_s": onnxfn_tok_s, "ttft_s": 0.05, "token_ids": ids},
+                "genai": {"tok_s": genai_tok_s, "ttft_s": 0.04, "token_ids": ids},
+                "llamacpp-server": {"tok_s": 70.0, "ttft_s": 0.1, "token_ids": []},
+                "transformers": {"error": "failed to start: no | module"},
+            },
+        }
+    }
+
+
+def test_report_says_when_onnxfn_loses() -> None:
+    text = report.render_decode(decode_results(onnxfn_tok_s=100.0, genai_tok_s=125.0))
+    genai_row = next(line for line in text.splitlines() if line.startswith("| genai "))
+    assert "0.80" in genai_row
+    assert "**onnxfn loses** (onnxfn)" in genai_row
+
+
+def test_report_says_when_onnxfn_wins_and_keeps_failed_rows() -> None:
+    text = report.render_decode(decode_results(onnxfn_tok_s=120.0, genai_tok_s=100.0))
+    genai_row = next(line for line in text.splitlines() if line.startswith("| genai "))
+    assert "1.20" in genai_row and "onnxfn wins" in genai_row
+    # A server is compared with onnxfn over HTTP; without that figure the row says so instead of a ratio.
+    server_row = next(line for line in text.splitlines() if line.startswith("| llamacpp-server "))
+    assert "no onnxfn-http figure" in server_row
+    failed_row = next(line for line in text.splitlines() if line.startswith("| transformers "))
+    assert "error: failed to start: no / module" in failed_row  # a pipe would break the table
