@@ -21,6 +21,7 @@ from packager.export.graph import check_decoder_graph
 from packager.paths import bundle_dir
 from packager.progress import StepProgress
 from packager.quantize import REFERENCE, budget_of, candidate_options
+from packager.snapshot import SNAPSHOT_VERSION
 from packager.sources import SourceModel, resolve_source
 from packager.spec import FunctionSpec
 from packager.verify import (
@@ -91,7 +92,10 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult:
         quality_path = Path(tmp) / "quality.json"
         write_quality_json(quality_path, parity, candidates, quality.precision, budget)
         quality_json = quality_path.read_bytes()
-    build_key = digest_of("bundle", FORMAT_VERSION, metadata.version("onnxfn"), spec.digest, export.key, quality_json)
+    build_key = digest_of(
+        "bundle", FORMAT_VERSION, metadata.version("onnxfn"), spec.digest, export.key, quality_json,
+        SNAPSHOT_VERSION, metadata.version("onnxruntime"),  # the snapshot's KV is valid for one ORT version
+    )  # fmt: skip
     target = bundle_dir(spec)
     with progress.step("bundle", f"write and verify bundle {target}") as step:
         manifest = _reuse_bundle(target, build_key)

@@ -15,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 from packager.errors import UserError
+from packager.snapshot import add_snapshot
 from packager.spec import FunctionSpec
 from runtime.bundle import (
     FORMAT_VERSION,
@@ -145,11 +146,13 @@ def _assemble(inputs: BundleInputs, out: Path) -> Manifest:
         created_by={name: metadata.version(name) for name in ("onnxfn", "onnxruntime", "onnxruntime-genai")},
         build_key=inputs.build_key,
     )
+    manifest = add_snapshot(out, manifest, inputs.spec)
     manifest_path = out / MANIFEST_NAME
     manifest_path.write_bytes(manifest_bytes(manifest.to_json()))
-    for path in out.iterdir():
-        with path.open("rb") as f:
-            os.fsync(f.fileno())
+    for path in out.rglob("*"):
+        if path.is_file():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
     return manifest
 
 

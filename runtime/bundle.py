@@ -79,6 +79,8 @@ class Manifest:
     files: dict[str, FileEntry]
     created_by: dict[str, str]
     build_key: str = ""  # digest of every build input: an unchanged rebuild reuses the bundle as is
+    # The cold-start snapshot's description (`runtime.snapshot.SnapshotInfo` reads it); None: no snapshot.
+    snapshot: dict[str, Any] | None = None
 
     @property
     def digest(self) -> str:
@@ -86,6 +88,7 @@ class Manifest:
         return "sha256:" + hashlib.sha256(manifest_bytes(self.to_json())).hexdigest()
 
     def to_json(self) -> dict[str, Any]:
+        snapshot = {"snapshot": self.snapshot} if self.snapshot is not None else {}
         return {
             "format_version": self.format_version,
             "function": self.function,
@@ -96,6 +99,7 @@ class Manifest:
             "files": {k: {"sha256": v.sha256, "size": v.size} for k, v in sorted(self.files.items())},
             "created_by": dict(self.created_by),
             "build_key": self.build_key,
+            **snapshot,
         }
 
     @classmethod
@@ -120,6 +124,7 @@ class Manifest:
                 files={k: FileEntry(**v) for k, v in data["files"].items()},
                 created_by=dict(data.get("created_by", {})),
                 build_key=data.get("build_key", ""),
+                snapshot=data.get("snapshot"),
             )
         except (KeyError, TypeError) as exc:
             raise BundleError(f"manifest.json is malformed: {exc!r}; rebuild the bundle") from exc

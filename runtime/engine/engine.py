@@ -5,46 +5,50 @@ decodes it alongside everything else running, pushing one `SequenceOutput` per t
 request's `RequestStream`. Timing for metrics: each stream records `submitted_at` and
 `first_output_at`, and the optional `on_step` callback receives a `StepReport` after every step
 (batch size, tokens, and the TTFT / time per output token of requests that reached those points).
+
+Start-up is on the cold-start path of every serverless request, so the ORT session (whose weight
+prepacking releases the GIL) is built on a helper thread while this thread parses the tokenizer.
+Prefix KV (a system prompt) can be computed, pinned in the prefix cache, or restored from a snapshot.
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
 
 from runtime.bundle import Bundle
+from runtime.engine.config import EngineConfig
 from runtime.engine.kv_cache import KVPool, PrefixCache, context_for_budget
 from runtime.engine.output import OutputProcessor
-from runtime.engine.request import (
-    EngineError,
-    GenerationRequest,
-    SamplingParams,
-    SequenceOutput,
-)
+from runtime.engine.providers import short_name
+from runtime.engine.request import EngineError, GenerationRequest, InvalidRequestError, SequenceOutput
 from runtime.engine.runner import ModelRunner
 from runtime.engine.sampling import SequenceSampler
 from runtime.engine.scheduler import RequestState, Scheduler, SequenceState
-from runtime.engine.session import DecoderSession, SessionOptions, create_session
+from runtime.engine.session import DecoderSession, SessionBuild, SessionOptions
 from runtime.engine.stream import RequestStream
 from runtime.engine.tokenizer import Tokenizer
 from runtime.engine.validation import validate_request
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
-class EngineConfig:
-    max_batch: int = 8  # slots
-    max_queue: int = 64
-    kv_memory_bytes: int = 512 << 20
-    prefix_cache_bytes: int = 128 << 20
-    prefill_chunk: int = 64
-    max_context: int | None = None  # None = manifest context_length, clamped by the KV budget
-    threads: int = 2
-    providers: tuple[str, ...] = ("cpu",)
-    allow_spinning: bool = False  # ORT intra-op spin-wait: off measured 1.5-2x faster on a contended host
-    prefix_block_size: int = 32
+class LoadTimes:
+    """Seconds each part of `Engine.__init__` took; the session and the tokenizer load concurrently.
+
+    `session` counts from when its build started, which may be before the engine was created.
+    """
+
+    session: float
+    tokenizer: float
+    total: float
 
 
 @dataclass(frozen=True)
@@ -88,19 +92,25 @@ class Engine:
     def __init__(
         self,
         bundle: Bundle,
-        config: EngineConfig = EngineConfig(),  # frozen, so sharing the default is safe
+        config: EngineConfig = EngineConfig(),  # noqa: B008 (frozen, so sharing the default is safe)
         on_step: Callable[[StepReport], None] | None = None,
+        session_build: SessionBuild | None = None,
     ) -> None:
+        """`session_build`: a session already being created for `bundle` (start-up starts it early)."""
+        started = time.perf_counter()
         facts = bundle.manifest.model
         self.config = config
         self._facts = facts
         self.max_context = context_for_budget(facts, config.max_batch, config.kv_memory_bytes, config.max_context)
+        build = session_build or SessionBuild(bundle.model_path, session_options(config))
+        # The session builds (prepacking the weights) on its own thread, without the GIL, while this one
+        # parses the tokenizer.
         self.tokenizer = Tokenizer(bundle.tokenizer_path, facts.chat_template, facts.bos_token_id, facts.eos_token_ids)
+        tokenizer_s = time.perf_counter() - started
         self._pool = KVPool(facts, config.max_batch, self.max_context)
+        session = build.result()
+        self.provider = short_name(session.get_providers()[0])  # the one running the graph: `cpu`, `cuda`, …
         self._prefix_cache = PrefixCache(config.prefix_block_size, config.prefix_cache_bytes)
-        session = create_session(
-            bundle.model_path, SessionOptions(config.threads, config.providers, config.allow_spinning)
-        )
         decoder = DecoderSession(
             session, facts.io, facts.num_layers, self._pool.tensors, facts.vocab_size, config.max_batch,
             config.prefill_chunk,
@@ -112,8 +122,9 @@ class Engine:
         self._wakeup = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._jobs: list[Callable[[], None]] = []  # run on the engine thread between steps
         self._tokens_in = self._tokens_out = self._steps = self._last_batch = 0
-        self._warm_ids = itertools.count()
+        self.load_times = LoadTimes(build.duration, tokenizer_s, time.perf_counter() - started)
 
     # Lifecycle.
     def start(self) -> None:
@@ -131,6 +142,10 @@ class Engine:
             self._wakeup.notify()
         if thread is not None:
             thread.join()
+        with self._wakeup:
+            jobs, self._jobs = self._jobs, []
+        for job in jobs:
+            job()  # each fails its caller's future: the loop is gone
         for stream in list(self._streams.values()):
             self._scheduler.abort(stream.request_id)
         self._step()
@@ -164,11 +179,43 @@ class Engine:
             merged.setdefault(output.index, []).append(output)
         return [_merge(merged[i]) for i in sorted(merged)]
 
-    def warm_prefix(self, token_ids: list[int] | tuple[int, ...]) -> int:
-        """Compute and keep the KV of `token_ids`' full blocks; returns how many tokens are cached."""
-        request_id = f"warm-prefix-{next(self._warm_ids)}"
-        self.generate(GenerationRequest(request_id, tuple(token_ids), SamplingParams(max_tokens=1, temperature=0)))
-        return len(token_ids) // self._prefix_cache.block_size * self._prefix_cache.block_size
+    # Prefix KV: what a system prompt snapshot holds.
+    def compute_prefix(self, token_ids: Sequence[int]) -> np.ndarray:
+        """The KV of `token_ids` at positions `0..`: `[2 * layers, kv_heads, len(token_ids), head_dim]`."""
+        if not 0 < len(token_ids) < self.max_context:
+            raise InvalidRequestError(
+                f"a prefix must hold 1 to {self.max_context - 1} tokens, got {len(token_ids)}", param="prefix"
+            )
+        ids = list(token_ids)
+        return self._on_engine_thread(lambda: self._runner.compute_prefix(ids, self.config.prefill_chunk))
+
+    def pin_prefix(self, token_ids: Sequence[int], kv: np.ndarray) -> None:
+        """Keep `kv` for every prompt that starts with `token_ids` (never evicted); checks its layout first."""
+        facts = self._facts
+        expected = (2 * facts.num_layers, facts.num_kv_heads, len(token_ids), facts.head_dim)
+        if kv.shape != expected or kv.dtype != np.dtype(facts.kv_dtype):
+            raise ValueError(
+                f"prefix KV is {kv.dtype}{list(kv.shape)}; this model needs {facts.kv_dtype}{list(expected)}"
+            )
+        if not 0 < len(token_ids) < self.max_context:
+            raise ValueError(f"a pinned prefix must hold 1 to {self.max_context - 1} tokens, got {len(token_ids)}")
+        ids = tuple(token_ids)
+        self._on_engine_thread(lambda: self._prefix_cache.pin(ids, kv))
+
+    def warm_prefix(self, token_ids: Sequence[int]) -> int:
+        """Compute and pin the KV of `token_ids` (all of them, not only whole blocks); returns how many."""
+        self.pin_prefix(token_ids, self.compute_prefix(token_ids))
+        return len(token_ids)
+
+    def _on_engine_thread(self, work: Callable[[], T]) -> T:
+        """Run `work` between steps on the engine thread (the KV pool's owner), or here if it is not started."""
+        done: Future[T] = Future()
+        with self._wakeup:
+            running = self._thread is not None
+            if running:
+                self._jobs.append(lambda: _settle(done, work, self._stopping))
+                self._wakeup.notify()
+        return done.result() if running else work()
 
     def stats(self) -> EngineStats:
         scheduler = self._scheduler
@@ -196,10 +243,15 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._wakeup:
-                while not self._stopping and not self._scheduler.has_work():
+                while not self._stopping and not self._scheduler.has_work() and not self._jobs:
                     self._wakeup.wait()
                 if self._stopping:
                     return
+                jobs, self._jobs = self._jobs, []
+            for job in jobs:
+                job()
+            if not self._scheduler.has_work():
+                continue
             try:
                 self._step()
             except Exception as exc:
@@ -272,6 +324,20 @@ class Engine:
             len(request.prompt_token_ids), self.max_context,
         )  # fmt: skip
         return SequenceState(group, index, SequenceSampler(params, request.prompt_token_ids, index), output)
+
+
+def session_options(config: EngineConfig) -> SessionOptions:
+    return SessionOptions(config.threads, config.providers, config.allow_spinning)
+
+
+def _settle(done: Future[T], work: Callable[[], T], stopping: bool) -> None:
+    if stopping:
+        done.set_exception(EngineError("the engine shut down before it ran this"))
+        return
+    try:
+        done.set_result(work())
+    except BaseException as exc:  # handed to the waiting caller, who re-raises it
+        done.set_exception(exc)
 
 
 def _timing(group: RequestState, now: float) -> RequestTiming:

@@ -96,7 +96,9 @@ class PrefixCache:
 
     A block is reachable only through its parents (the chain of keys), so a lookup refreshes a
     chain from its deepest block up: parents stay more recent than their children and are evicted
-    after them.
+    after them. Pinned prefixes (a system prompt, restored from the bundle's snapshot or warmed at
+    start) have any length, not just whole blocks, and are never evicted: a 21-token system prompt
+    is served from the cache even though it fills no 32-token block.
     """
 
     def __init__(self, block_size: int, capacity_bytes: int) -> None:
@@ -105,30 +107,65 @@ class PrefixCache:
         self.used_bytes = 0
         self.hits = 0
         self._blocks: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._pinned: dict[tuple[int, ...], np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self._blocks)
 
+    @property
+    def pinned_tokens(self) -> int:
+        return sum(len(tokens) for tokens in self._pinned)
+
+    def pin(self, token_ids: Sequence[int], kv: np.ndarray) -> None:
+        """Keep `kv` (`[tensors, kv_heads, len(token_ids), head_dim]`) for prompts starting with `token_ids`."""
+        if kv.ndim != 4 or kv.shape[2] != len(token_ids) or not token_ids:
+            raise ValueError(f"a pinned prefix of {len(token_ids)} tokens needs KV [tensors, heads, tokens, dim]")
+        key = tuple(token_ids)
+        previous = self._pinned.pop(key, None)
+        self.used_bytes += kv.nbytes - (previous.nbytes if previous is not None else 0)
+        self._pinned[key] = kv
+
     def match(self, token_ids: Sequence[int]) -> list[np.ndarray]:
-        """The cached blocks covering the longest cached prefix that leaves at least one token to compute."""
-        usable = (len(token_ids) - 1) // self.block_size * self.block_size
+        """KV covering the longest cached prefix that leaves at least one token to compute.
+
+        Either a chain of whole blocks or one pinned prefix, whichever is longer.
+        """
+        limit = len(token_ids) - 1
+        usable = limit // self.block_size * self.block_size
         found: list[tuple[bytes, np.ndarray]] = []
         for key in block_keys(token_ids[:usable], self.block_size):
             block = self._blocks.get(key)
             if block is None:
                 break
             found.append((key, block))
+        pinned = self._longest_pin(token_ids, limit)
+        if pinned is not None and pinned.shape[2] > len(found) * self.block_size:
+            self.hits += 1
+            return [pinned]
         for key, _ in reversed(found):
             self._blocks.move_to_end(key)
         if found:
             self.hits += 1
         return [block for _, block in found]
 
+    def _longest_pin(self, token_ids: Sequence[int], limit: int) -> np.ndarray | None:
+        best: np.ndarray | None = None
+        for tokens, kv in self._pinned.items():
+            fits = len(tokens) <= limit and (best is None or len(tokens) > best.shape[2])
+            if fits and tuple(token_ids[: len(tokens)]) == tokens:
+                best = kv
+        return best
+
     def load(self, blocks: list[np.ndarray], pool: KVPool, slot: int) -> int:
-        """Copy `blocks` into positions `0..` of `slot`; returns the number of tokens loaded."""
-        for i, block in enumerate(blocks):
-            pool.write(slot, i * self.block_size, block)
-        return len(blocks) * self.block_size
+        """Copy `blocks` (in order, each `[tensors, heads, length, dim]`) into positions `0..` of `slot`.
+
+        Returns the number of tokens loaded.
+        """
+        start = 0
+        for block in blocks:
+            pool.write(slot, start, block)
+            start += block.shape[2]
+        return start
 
     def store(self, token_ids: Sequence[int], pool: KVPool, slot: int) -> None:
         """Remember the full blocks of `token_ids`, whose KV is at positions `0..` of `slot`."""

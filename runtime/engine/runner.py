@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from runtime.engine.kv_cache import KVPool, PrefixCache
+from runtime.engine.request import EngineError
 from runtime.engine.sampling import TokenChoice, sample
 from runtime.engine.scheduler import PrefillChunk, SchedulerOutput, SequenceState, SequenceStatus
 from runtime.engine.session import DecoderSession
@@ -68,6 +69,21 @@ class ModelRunner:
             seq.num_computed += 1
             self._accept(seq, choice)
         return list(zip(work.decode, choices, strict=True))
+
+    def compute_prefix(self, token_ids: list[int], chunk: int) -> np.ndarray:
+        """The KV of `token_ids` at positions `0..`, prefilled in a free slot that is released again.
+
+        Runs between steps, so the acquired slot is the last one and releasing it moves nothing.
+        """
+        if self._pool.free == 0:
+            raise EngineError("every KV slot is busy; a prefix can only be computed while one is free")
+        slot = self._pool.acquire()
+        try:
+            for start in range(0, len(token_ids), chunk):
+                self._session.prefill(slot, token_ids[start : start + chunk], start)
+            return self._pool.read(slot, 0, len(token_ids))
+        finally:
+            self._pool.release(slot, 0)
 
     @staticmethod
     def _accept(seq: SequenceState, choice: TokenChoice) -> None:

@@ -8,7 +8,10 @@ rebinds the two small integer inputs and the logits view.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,12 +19,7 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.bundle import DecoderIO
-
-PROVIDER_NAMES = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-}
+from runtime.engine.providers import plan_providers
 
 
 @dataclass(frozen=True)
@@ -31,23 +29,49 @@ class SessionOptions:
     allow_spinning: bool = False
 
 
-def ort_providers(names: Sequence[str]) -> list[str]:
-    """Map the spec's short provider names to ORT's, keeping only those this build offers."""
-    unknown = [n for n in names if n not in PROVIDER_NAMES]
-    if unknown:
-        raise ValueError(f"unknown execution provider(s) {unknown}; allowed: {sorted(PROVIDER_NAMES)}")
-    available = set(ort.get_available_providers())
-    chosen = [PROVIDER_NAMES[n] for n in names if PROVIDER_NAMES[n] in available]
-    return chosen or ["CPUExecutionProvider"]
-
-
 def create_session(model_path: Path, options: SessionOptions) -> ort.InferenceSession:
+    """A session on the first available requested provider; TensorRT reuses its engine cache beside the bundle."""
+    plan = plan_providers(options.providers, ort.get_available_providers(), model_path.parent)
     so = ort.SessionOptions()
     so.intra_op_num_threads = options.threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.allow_spinning else "0")
-    return ort.InferenceSession(str(model_path), sess_options=so, providers=ort_providers(options.providers))
+    if plan.tensorrt_cache is not None:
+        plan.tensorrt_cache.directory.mkdir(parents=True, exist_ok=True)
+        model_path = plan.tensorrt_cache.model_to_load(model_path)
+    providers = list(zip(plan.names, plan.options, strict=True))
+    return ort.InferenceSession(str(model_path), sess_options=so, providers=providers)
+
+
+class SessionBuild:
+    """A session being created on a helper thread.
+
+    ONNX Runtime releases the GIL while it loads the graph and prepacks the weights (most of a cold
+    start), so whatever the caller does meanwhile (imports, parsing the tokenizer) comes for free.
+    """
+
+    def __init__(self, model_path: Path, options: SessionOptions) -> None:
+        self.started = time.monotonic()
+        self.finished: float | None = None
+        self._done: Future[ort.InferenceSession] = Future()
+        threading.Thread(target=self._build, args=(model_path, options), name="onnxfn-session", daemon=True).start()
+
+    def _build(self, model_path: Path, options: SessionOptions) -> None:
+        try:
+            session = create_session(model_path, options)
+        except BaseException as exc:  # raised again by `result()` on the waiting thread
+            self._done.set_exception(exc)
+            return
+        self.finished = time.monotonic()
+        self._done.set_result(session)
+
+    def result(self) -> ort.InferenceSession:
+        return self._done.result()
+
+    @property
+    def duration(self) -> float:
+        return (self.finished or time.monotonic()) - self.started
 
 
 class DecoderSession:

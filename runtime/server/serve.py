@@ -2,6 +2,11 @@
 
 Every setting is a flag, so the runtime never reads the function spec: the packager (or a container's
 command line) translates the spec into flags. Heavy imports wait until `run`, so `--help` stays instant.
+
+Start-up order is the cold-start path: bind the port, start loading the engine on a background thread
+(ONNX Runtime builds its session without holding the GIL), and only then import the HTTP stack, which
+runs alongside. The bundle is hashed once and a record of that is trusted later (`runtime.verified`);
+the bundle's snapshot seeds the prefix cache (`runtime.snapshot`).
 """
 
 from __future__ import annotations
@@ -10,21 +15,27 @@ import argparse
 import logging
 import socket
 import sys
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runtime.startup import RUNTIME_IMPORTED, TIMELINE
+
 if TYPE_CHECKING:
     from runtime.bundle import Manifest
-    from runtime.engine.engine import Engine, EngineConfig
+    from runtime.engine.config import EngineConfig
+    from runtime.engine.engine import Engine, StepReport
     from runtime.server.protocol import RequestPolicy
 
-_PROCESS_START = time.perf_counter()
 log = logging.getLogger("runtime.server")
 
 # Flags that map one-to-one onto EngineConfig fields (unset flags keep EngineConfig's defaults).
 _ENGINE_FLAGS = ("max_batch", "max_queue", "prefill_chunk", "max_context", "threads")
 _PROBE_PATHS = ("/health", "/ready", "/metrics")
+SESSION_START_WAIT = 1.0  # seconds the HTTP stack waits for the session build to start (more: hashing)
 
 
 def register(subparsers: Any) -> None:
@@ -54,7 +65,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--max-context", type=int, help="context length cap (default: the model's)")
     engine.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
     engine.add_argument("--providers", help="execution providers in order, comma-separated (cpu,cuda,tensorrt)")
-    engine.add_argument("--no-verify", action="store_true", help="skip hashing the bundle's files at start")
+    engine.add_argument(
+        "--no-verify", action="store_true", help="never hash the bundle's files (default: once, then a stat check)"
+    )
+    engine.add_argument("--no-snapshot", action="store_true", help="ignore the bundle's cold-start snapshot")
     requests = parser.add_argument_group("requests")
     requests.add_argument("--temperature", type=float, default=1.0, help="default temperature")
     requests.add_argument("--top-p", type=float, default=1.0, help="default top_p")
@@ -66,12 +80,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import uvicorn
-
     from runtime.bundle import BundleError, read_manifest
-    from runtime.server.app import create_app
     from runtime.server.auth import AuthConfigError, load_api_key
-    from runtime.server.state import ServerSettings
 
     try:
         manifest = read_manifest(args.bundle)
@@ -79,10 +89,6 @@ def run(args: argparse.Namespace) -> int:
     except (BundleError, AuthConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    policy = request_policy(args, manifest)
-    settings = ServerSettings(
-        policy=policy, api_key=api_key, max_body_bytes=args.max_body_bytes, fingerprint=fingerprint(manifest)
-    )
     # Bind before loading anything: a taken port fails in milliseconds, not after the model has loaded.
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     try:
@@ -91,20 +97,46 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     args.port = listener.getsockname()[1]
+    model_name = args.model_name or manifest.function
+    loading = _in_background(lambda: load_engine(args, model_name))
+    # Imports hold the GIL: let the loader import onnxruntime and start the session (which runs without
+    # the GIL) first; the HTTP stack then imports while the session builds.
+    TIMELINE.wait_for("imports_onnxruntime", timeout=SESSION_START_WAIT)
+    with TIMELINE.phase("imports_server"):
+        import uvicorn
+
+        from runtime.server.app import create_app
+        from runtime.server.state import ServerSettings
+    policy = request_policy(args, manifest)
+    settings = ServerSettings(
+        policy=policy, api_key=api_key, max_body_bytes=args.max_body_bytes, fingerprint=fingerprint(manifest)
+    )
     if api_key is None:
         log.warning("no API key configured: /v1/* is open to anyone who can reach %s:%d", args.host, args.port)
 
     def stop_server() -> None:
         server.should_exit = True
 
-    app = create_app(
-        settings, lambda: load_engine(args, policy.model_name), on_load_failure=stop_server, sagemaker=args.sagemaker
-    )
+    app = create_app(settings, loading.result, on_load_failure=stop_server, sagemaker=args.sagemaker)
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on")
     server = uvicorn.Server(config)
     logging.getLogger("uvicorn.access").addFilter(_skip_probes)
     server.run(sockets=[listener])
     return 1 if app.state.server.load_error is not None else 0
+
+
+def _in_background(load: Callable[[], Engine]) -> Future[Engine]:
+    """Start `load` on a daemon thread now; the app's lifespan waits on the future."""
+    future: Future[Engine] = Future()
+
+    def work() -> None:
+        try:
+            future.set_result(load())
+        except BaseException as exc:  # re-raised where the app reads the result, which reports it
+            future.set_exception(exc)
+
+    threading.Thread(target=work, name="onnxfn-engine-loader", daemon=True).start()
+    return future
 
 
 def request_policy(args: argparse.Namespace, manifest: Manifest) -> RequestPolicy:
@@ -137,7 +169,7 @@ def _skip_probes(record: logging.LogRecord) -> bool:
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine settings from `add_model_arguments`' flags; unset flags keep the engine's defaults."""
-    from runtime.engine.engine import EngineConfig
+    from runtime.engine.config import EngineConfig
 
     overrides: dict[str, Any] = {name: getattr(args, name) for name in _ENGINE_FLAGS if getattr(args, name)}
     if args.kv_memory_mb is not None:
@@ -150,24 +182,71 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def load_engine(args: argparse.Namespace, model_name: str) -> Engine:
-    engine = start_engine(args.bundle, engine_config(args), verify=not args.no_verify, system_prompt=args.system_prompt)
-    elapsed = time.perf_counter() - _PROCESS_START
+    engine = start_engine(
+        args.bundle,
+        engine_config(args),
+        verify=not args.no_verify,
+        system_prompt=args.system_prompt,
+        use_snapshot=not args.no_snapshot,
+    )
+    elapsed = time.monotonic() - RUNTIME_IMPORTED
     log.info("serving %s on http://%s:%d (%.2f s after start)", model_name, args.host, args.port, elapsed)
+    log.info("%s", TIMELINE.log_line())
     return engine
 
 
 def start_engine(
-    bundle_dir: Path, config: EngineConfig, *, verify: bool = True, system_prompt: str | None = None
+    bundle_dir: Path,
+    config: EngineConfig,
+    *,
+    verify: bool = True,
+    system_prompt: str | None = None,
+    use_snapshot: bool = True,
 ) -> Engine:
-    """Open (and verify) the bundle, start the engine, pre-warm the system prompt's KV in the prefix cache."""
-    from runtime.bundle import open_bundle
-    from runtime.engine.engine import Engine
+    """Open the bundle (hashing it unless a record says it is unchanged), start the engine, seed its prefix cache.
 
-    engine = Engine(open_bundle(bundle_dir, verify=verify), config)
+    The system prompt's KV comes from the bundle's snapshot when it holds a compatible one, and is computed
+    otherwise. Each phase lands in the start-up timeline.
+    """
+    with TIMELINE.phase("bundle_verify"):
+        from runtime.bundle import open_bundle
+        from runtime.verified import open_verified
+
+        bundle = open_verified(bundle_dir)[0] if verify else open_bundle(bundle_dir, verify=False)
+    # The session is the longest part of a start: begin it before anything else is imported.
+    with TIMELINE.phase("imports_onnxruntime"):
+        from runtime.engine.session import SessionBuild, SessionOptions
+    build = SessionBuild(bundle.model_path, SessionOptions(config.threads, config.providers, config.allow_spinning))
+    with TIMELINE.phase("imports_engine"):
+        from runtime.engine.engine import Engine
+        from runtime.snapshot import restore_snapshot
+
+    engine = Engine(bundle, config, on_step=_record_first_step, session_build=build)
+    TIMELINE.record("session", build.started, build.started + build.duration)
+    TIMELINE.record("engine", build.started, time.monotonic())
+    tokenizer_start = time.monotonic() - engine.load_times.total
+    TIMELINE.record("tokenizer", tokenizer_start, tokenizer_start + engine.load_times.tokenizer)
     engine.start()
+    restored: set[tuple[int, ...]] = set()
+    if use_snapshot:
+        with TIMELINE.phase("snapshot_restore"):
+            result = restore_snapshot(engine, bundle)
+        restored = {p.token_ids for p in result.restored}
+        if result.restored:
+            log.info("snapshot: %d prefix token(s) restored into the prefix cache", result.restored_tokens)
     if system_prompt:
         system = [{"role": "system", "content": system_prompt}]
         prefix = engine.tokenizer.encode(engine.tokenizer.apply_chat_template(system, add_generation_prompt=False))
-        cached = engine.warm_prefix(prefix)
-        log.info("system prompt: %d tokens, %d of them pre-warmed in the prefix cache", len(prefix), cached)
+        if tuple(prefix) not in restored:
+            with TIMELINE.phase("system_prompt_prefill"):
+                engine.warm_prefix(prefix)
+            log.info("system prompt: %d tokens computed and pinned in the prefix cache", len(prefix))
     return engine
+
+
+def _record_first_step(report: StepReport) -> None:
+    """The first request's prefill step (it samples the first token too) completes the start-up timeline."""
+    if report.prefill_tokens and not TIMELINE.has("first_step"):
+        end = time.monotonic()
+        TIMELINE.record("first_step", end - report.duration, end)
+        log.info("%s", TIMELINE.log_line())

@@ -139,9 +139,10 @@ def scrape(http: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], 
 
 def test_metrics_count_requests_tokens_and_latency(http: httpx.Client, server: RunningServer) -> None:
     before = scrape(http)
-    # A prompt never seen before, so the prefix cache cannot skip any of its tokens.
+    # A prompt never seen before, system message included (the template's default one is in the bundle's
+    # snapshot), so the prefix cache cannot skip any of its tokens.
     body = chat_body(server, max_tokens=6, ignore_eos=True)
-    body["messages"][0]["content"] = f"Repeat {uuid.uuid4().hex}"
+    body["messages"] = [{"role": "system", "content": uuid.uuid4().hex}, {"role": "user", "content": "Repeat"}]
     reply = http.post("/v1/chat/completions", json=body, headers=AUTH)
     assert reply.json()["usage"]["completion_tokens"] == 6
     after = scrape(http)

@@ -1,0 +1,167 @@
+"""Cold start, measured: fresh `python -m runtime serve` processes from exec to the first streamed chat token.
+
+Each run execs the server, polls `/ready`, streams one chat completion and reads the server's start-up
+timeline (`runtime.startup`) from its log, so every phase lands on the exec → first token timeline:
+interpreter, imports, bundle verification, session, tokenizer, snapshot restore, the first step. Runs
+of every variant and peer are interleaved round by round (the machine is shared: only ratios inside
+one run mean anything). Peers (onnxruntime-genai, llama-cpp-python) run in-process through the bench's
+own cold worker (`scripts/benchlib/coldstart.py`), which stamps import, load and first token the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from runtime.startup import parse_timeline
+
+# Spans of the server's timeline reported as phases, in start-up order (spans on threads overlap).
+TIMELINE_PHASES = (
+    "imports_server",
+    "bundle_verify",
+    "imports_onnxruntime",
+    "imports_engine",
+    "session",
+    "tokenizer",
+    "snapshot_restore",
+    "system_prompt_prefill",
+    "first_step",
+)
+READY_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class ServerVariant:
+    """One way of starting the server; `flags` are added to `python -m runtime serve BUNDLE`."""
+
+    name: str
+    flags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ChatProbe:
+    """The request each fresh server gets: a chat with the function's system prompt."""
+
+    system_prompt: str | None
+    user: str = "What is the capital of France? Answer in one word."
+    max_tokens: int = 4
+
+    def body(self) -> dict[str, Any]:
+        messages = [{"role": "user", "content": self.user}]
+        if self.system_prompt:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return {"model": "bench", "messages": messages, "max_tokens": self.max_tokens, "stream": True, "temperature": 0}
+
+
+@dataclass
+class ColdSample:
+    """One fresh process; every figure in seconds after exec, or a phase's duration."""
+
+    exec_to_ready: float
+    exec_to_first_token: float
+    ready_to_first_token: float  # the first request's TTFT as the client sees it
+    phases: dict[str, float] = field(default_factory=dict)
+    first_text: str = ""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_server_once(
+    python: str, bundle: Path, variant: ServerVariant, probe: ChatProbe, threads: int, state_dir: Path
+) -> ColdSample:
+    """Exec a server, wait for `/ready`, stream one chat completion, stop it; the sample with its phases."""
+    port = free_port()
+    command = [
+        *(python, "-m", "runtime", "serve", str(bundle), "--port", str(port), "--model-name", "bench"),
+        *("--threads", str(threads), "--log-level", "info", *variant.flags),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "ONNXFN_STATE_DIR": str(state_dir)}
+    with tempfile.TemporaryDirectory(prefix="coldstart-") as tmp:
+        log_path = Path(tmp) / "server.log"
+        with log_path.open("wb") as log:
+            exec_time = time.monotonic()
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60.0) as client:
+                ready = _wait_ready(client, process, log_path)
+                first, text = _first_token(client, probe)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        timeline = parse_timeline(log_path.read_text(errors="replace"))
+    return ColdSample(
+        exec_to_ready=ready - exec_time,
+        exec_to_first_token=first - exec_time,
+        ready_to_first_token=first - ready,
+        phases=timeline_phases(timeline, exec_time),
+        first_text=text,
+    )
+
+
+def timeline_phases(timeline: dict[str, Any] | None, exec_time: float) -> dict[str, float]:
+    """Durations of the server's spans, plus `interpreter`: exec until the runtime's first import."""
+    if timeline is None:
+        return {}
+    phases = {"interpreter": timeline["runtime_imported"] - exec_time}
+    for name in TIMELINE_PHASES:
+        if name in timeline["spans"]:
+            start, end = timeline["spans"][name]
+            phases[name] = end - start
+    return phases
+
+
+def _wait_ready(client: httpx.Client, process: subprocess.Popen[bytes], log_path: Path) -> float:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the server exited with {process.returncode} before it was ready:\n{tail}")
+        try:
+            if client.get("/ready").status_code == 200:
+                return time.monotonic()
+        except httpx.TransportError:
+            pass
+        time.sleep(0.002)
+    raise TimeoutError(f"the server was not ready after {READY_TIMEOUT} s")
+
+
+def _first_token(client: httpx.Client, probe: ChatProbe) -> tuple[float, str]:
+    with client.stream("POST", "/v1/chat/completions", json=probe.body()) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"chat completion failed: HTTP {response.status_code} {response.read()[:300]!r}")
+        for line in response.iter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            choices = json.loads(line[5:]).get("choices") or [{}]
+            content = choices[0].get("delta", {}).get("content")
+            if content:
+                return time.monotonic(), content
+    raise RuntimeError("the stream carried no token")
+
+
+def benchlib_path() -> Path:
+    """The bench's helpers (`scripts/benchlib`) live in the source tree, beside the packager."""
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    if not (scripts / "benchlib").is_dir():
+        raise FileNotFoundError(f"{scripts / 'benchlib'} is missing: `pkg bench` runs from a source checkout")
+    if str(scripts) not in sys.path:
+        sys.path.insert(0, str(scripts))
+    return scripts

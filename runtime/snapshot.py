@@ -1,0 +1,141 @@
+"""The bundle's cold-start snapshot: work `pkg build` did so a fresh process does not have to.
+
+Today it holds the KV cache of the function's system prompt (and any other configured prefix), computed
+by this runtime's engine at build time and restored into the prefix cache at start, so the first request
+that uses the system prompt prefills only what follows it. KV values depend on the ONNX Runtime version
+and the execution provider that computed them, so the manifest records both along with the model's hash,
+and a snapshot made for anything else is ignored with a warning, never used.
+
+Manifest section (`manifest.json` → `snapshot`):
+
+    {"format": 1, "onnxruntime": "1.31.1", "providers": ["cpu"], "model_sha256": "…", "kv_dtype": "float32",
+     "prefixes": [{"name": "system_prompt", "file": "snapshot/system_prompt.npy", "token_ids": [1, …]}]}
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from runtime.bundle import Bundle, Manifest
+
+if TYPE_CHECKING:
+    from runtime.engine.engine import Engine
+
+SNAPSHOT_FORMAT = 1
+SNAPSHOT_DIR = "snapshot"
+log = logging.getLogger("runtime.snapshot")
+
+
+@dataclass(frozen=True)
+class PrefixSnapshot:
+    name: str
+    file: str  # bundle-relative `.npy`: `[2 * layers, kv_heads, len(token_ids), head_dim]`
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    format: int
+    onnxruntime: str
+    providers: tuple[str, ...]  # short names (`cpu`): the snapshot is valid when the engine runs on the first
+    model_sha256: str
+    kv_dtype: str
+    prefixes: tuple[PrefixSnapshot, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "onnxruntime": self.onnxruntime,
+            "providers": list(self.providers),
+            "model_sha256": self.model_sha256,
+            "kv_dtype": self.kv_dtype,
+            "prefixes": [{"name": p.name, "file": p.file, "token_ids": list(p.token_ids)} for p in self.prefixes],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SnapshotInfo:
+        return cls(
+            format=int(data["format"]),
+            onnxruntime=str(data["onnxruntime"]),
+            providers=tuple(data["providers"]),
+            model_sha256=str(data["model_sha256"]),
+            kv_dtype=str(data["kv_dtype"]),
+            prefixes=tuple(
+                PrefixSnapshot(str(p["name"]), str(p["file"]), tuple(int(t) for t in p["token_ids"]))
+                for p in data["prefixes"]
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    restored: tuple[PrefixSnapshot, ...]  # pinned in the engine's prefix cache
+    ignored: str | None = None  # why the snapshot was not used at all
+
+    @property
+    def restored_tokens(self) -> int:
+        return sum(len(p.token_ids) for p in self.restored)
+
+
+def incompatibility(info: SnapshotInfo, manifest: Manifest, onnxruntime_version: str, provider: str) -> str | None:
+    """Why `info` must not be used by an engine on `provider` with this ONNX Runtime; None when it may be."""
+    model = manifest.files.get(manifest.model_file)
+    if info.format != SNAPSHOT_FORMAT:
+        return f"snapshot format {info.format}, this runtime reads format {SNAPSHOT_FORMAT}"
+    if info.onnxruntime != onnxruntime_version:
+        return f"made with onnxruntime {info.onnxruntime}, running {onnxruntime_version}"
+    if provider not in info.providers[:1]:
+        return f"made on the {list(info.providers)} provider(s), running on {provider!r}"
+    if model is None or model.sha256 != info.model_sha256:
+        return "made for a different model file"
+    if info.kv_dtype != manifest.model.kv_dtype:
+        return f"KV dtype {info.kv_dtype}, the model's is {manifest.model.kv_dtype}"
+    return None
+
+
+def read_snapshot_info(manifest: Manifest) -> SnapshotInfo | None:
+    if manifest.snapshot is None:
+        return None
+    try:
+        return SnapshotInfo.from_json(manifest.snapshot)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"the manifest's snapshot section is malformed: {exc!r}") from exc
+
+
+def restore_snapshot(engine: Engine, bundle: Bundle) -> RestoreResult:
+    """Pin every compatible prefix of the bundle's snapshot in `engine`'s prefix cache.
+
+    Anything wrong (another ORT version or provider, a malformed section, an array of the wrong
+    shape) is logged as a warning and the snapshot is skipped: the engine computes instead.
+    """
+    import onnxruntime
+
+    try:
+        info = read_snapshot_info(bundle.manifest)
+    except ValueError as exc:
+        return _ignored(str(exc))
+    if info is None:
+        return RestoreResult((), ignored="the bundle has no snapshot")
+    reason = incompatibility(info, bundle.manifest, onnxruntime.__version__, engine.provider)
+    if reason is not None:
+        return _ignored(reason)
+    restored: list[PrefixSnapshot] = []
+    for prefix in info.prefixes:
+        try:
+            # Mapped, not read: pinning copies nothing, and a request copies only the pages it loads.
+            kv = np.load(bundle.file(prefix.file), mmap_mode="r", allow_pickle=False)
+            engine.pin_prefix(prefix.token_ids, kv)
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring snapshot prefix %r: %s; it will be computed instead", prefix.name, exc)
+            continue
+        restored.append(prefix)
+    return RestoreResult(tuple(restored))
+
+
+def _ignored(reason: str) -> RestoreResult:
+    log.warning("ignoring the bundle's cold-start snapshot: %s; prefixes will be computed instead", reason)
+    return RestoreResult((), ignored=reason)
