@@ -177,8 +177,9 @@ def test_sigterm_finishes_in_flight_messages_and_leaves_the_rest_queued(
 def test_a_generation_longer_than_the_visibility_timeout_runs_once(
     queues: Queues, engine_under_test: EngineUnderTest
 ) -> None:
-    visibility = 2
-    queues.send(chat_envelope("long", s3_reply(queues, "long"), max_tokens=160, ignore_eos=True))
+    # Long enough to outlast several visibility windows even on a fast, idle machine (~100 tok/s).
+    visibility, tokens = 1, 400
+    queues.send(chat_envelope("long", s3_reply(queues, "long"), max_tokens=tokens, ignore_eos=True))
     handler = queue_handler(engine_under_test, queues)
     config = WorkerConfig(queues.url, max_in_flight=4, visibility_timeout=visibility, wait_time=1)
     worker = Worker(queues.sqs, handler, config)
@@ -216,6 +217,6 @@ def test_a_generation_longer_than_the_visibility_timeout_runs_once(
     assert worker.stats.received == 1
     assert worker.stats.outcomes == {"done": 1}
     result = queues.result("out/long")
-    assert result is not None and result.body["usage"]["completion_tokens"] == 160
+    assert result is not None and result.body["usage"]["completion_tokens"] == tokens
     assert queues.versions("out/") == {"out/long": 1}
     assert queues.depth() == 0
