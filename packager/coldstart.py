@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from packager.processes import stop_process
 from runtime.startup import parse_timeline
 
 # Spans of the server's timeline reported as phases, in start-up order (spans on threads overlap).
@@ -100,12 +101,7 @@ def run_server_once(
                 ready = _wait_ready(client, process, log_path)
                 first, text = _first_token(client, probe)
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_process(process)
         timeline = parse_timeline(log_path.read_text(errors="replace"))
     return ColdSample(
         exec_to_ready=ready - exec_time,

@@ -18,11 +18,12 @@ from typing import Any
 
 from benchlib.machine import drop_page_cache
 from benchlib.pool import WORKER, worker_env
-from benchlib.serving import free_port, launch, run_streams, stop, wait_ready
+from benchlib.serving import free_port, launch, run_streams, wait_ready
 from benchlib.stats import median
 from benchlib.systems import SERVERS
 from benchlib.systems.base import SystemConfig, now, process_memory
 from benchlib.systems.server import SPECS
+from packager.processes import stop_process
 
 ENGINE_READY_LOG = re.compile(r"serving .* \(([\d.]+) s after start\)")
 
@@ -56,7 +57,7 @@ def cold_server(config: SystemConfig, text: str) -> dict[str, Any]:
             first = ready + stream.first
             memory = process_memory(process.pid)
         finally:
-            stop(process)
+            stop_process(process)
         phases = {"exec_to_ready": ready - exec_time, "first_token": first - ready}
         # onnxfn's server logs when its engine is loaded, measured from its own start.
         if reported := ENGINE_READY_LOG.search(log_path.read_text(errors="replace")):

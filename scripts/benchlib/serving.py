@@ -70,16 +70,6 @@ def wait_ready(
     raise TimeoutError(f"server at {base_url} was not ready after {timeout} s")
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 async def stream_completion(
     client: httpx.AsyncClient, prompt: str, max_tokens: int, extra_body: dict[str, object]
 ) -> StreamTiming:

@@ -8,7 +8,6 @@ function's own environment as read back from the AWS endpoint.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ import pytest
 from botocore.config import Config
 
 from packager.image.run import Podman, pull_registry
+from packager.processes import stop_process
 from runtime.events.schema import message_body
 from tests.deploy_aws.conftest import Workspace
 from tests.deploy_aws.lambda_service import LambdaService, running_lambda_service
@@ -39,12 +39,7 @@ def function_container(
     try:
         yield
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, grace=20)
 
 
 def sqs_event(moto_server: MotoServer, queue_url: str, count: int) -> dict[str, Any]:

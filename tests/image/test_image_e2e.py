@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tarfile
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from openai import OpenAI
 
 from packager.image import ImageResult, RegistryTarget, app_layer, build_image, pull_image, push_layout
 from packager.image.run import Podman, pull_registry
+from packager.processes import stop_process
 from packager.progress import StepProgress
 from packager.spec import FunctionSpec
 from tests.image.conftest import LocalRegistry, free_port
@@ -111,12 +111,7 @@ def running(podman: Podman, image: str, log: Path, *args: str) -> Iterator[None]
     try:
         yield
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, grace=20)
 
 
 def wait_until(url: str, log: Path, timeout: float = 120) -> None:

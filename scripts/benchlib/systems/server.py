@@ -6,8 +6,9 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from benchlib.serving import ServerSpec, free_port, launch, run_streams, stop, wait_ready
+from benchlib.serving import ServerSpec, free_port, launch, run_streams, wait_ready
 from benchlib.systems.base import MAX_CONTEXT, PromptSpec, StreamTiming, SystemConfig, process_memory
+from packager.processes import stop_process
 from runtime.bundle import read_manifest
 
 
@@ -78,5 +79,5 @@ class ServerSystem:
         return process_memory(self._process.pid)
 
     def close(self) -> None:
-        stop(self._process)
+        stop_process(self._process)
         self._log_dir.cleanup()
