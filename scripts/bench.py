@@ -32,7 +32,6 @@ from benchlib.systems.base import SystemConfig
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE = REPO / "build" / "smollm2-chat" / "bundle"
-DEV_BUNDLE = Path("/tmp/devbundle")
 FUNCTION_DIR = REPO / "functions" / "smollm2-chat"
 SECTIONS = ("decode", "prefill", "concurrency", "cold", "quality", "memory")
 FULL = sections.Plan(
@@ -79,15 +78,16 @@ def _subset(parser: argparse.ArgumentParser, value: str, allowed: tuple[str, ...
     return chosen
 
 
-def resolve_bundle(requested: Path | None, notes: list[str]) -> Path:
+def resolve_bundle(requested: Path | None) -> Path:
     if requested is not None:
         return requested
     if not (DEFAULT_BUNDLE / "manifest.json").is_file():
         command = [sys.executable, "-m", "packager.cli", "build", str(FUNCTION_DIR)]
         built = subprocess.run(command, cwd=REPO, check=False)
         if built.returncode != 0:
-            notes.append(f"`pkg build {FUNCTION_DIR.name}` failed; the bench used the dev bundle {DEV_BUNDLE}")
-            return DEV_BUNDLE
+            sys.exit(
+                f"bench: `pkg build {FUNCTION_DIR}` failed (exit {built.returncode}); fix the build or pass --bundle"
+            )
     return DEFAULT_BUNDLE
 
 
@@ -98,7 +98,12 @@ def resolve_hf_dir(requested: Path | None) -> Path:
         (p for p in (Path.home() / ".cache" / "onnxfn" / "hf").glob("*") if (p / ".complete").is_file()),
         key=lambda p: p.stat().st_mtime,
     )
-    return cached[-1] if cached else Path("/tmp/proto/hf")
+    if not cached:
+        sys.exit(
+            "bench: no dequantized HF folder in ~/.cache/onnxfn/hf; "
+            "run `pkg build functions/smollm2-chat` or pass --hf-dir"
+        )
+    return cached[-1]
 
 
 def resolve_gguf(requested: Path | None) -> Path:
@@ -149,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     contention = machine.ContentionMeter()
     notes: list[str] = []
-    bundle = resolve_bundle(args.bundle, notes)
+    bundle = resolve_bundle(args.bundle)
     hf_dir, gguf = resolve_hf_dir(args.hf_dir), resolve_gguf(args.gguf)
     systems = available(args.systems, notes)
     configs = [

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,11 +11,9 @@ from runtime.engine.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="session")
-def bundle_path() -> Path:
-    path = Path(os.environ.get("ONNXFN_TEST_BUNDLE", "/tmp/devbundle"))
-    if not (path / "manifest.json").is_file():
-        pytest.skip(f"no model bundle at {path} (set ONNXFN_TEST_BUNDLE)")
-    return path
+def bundle_path(demo_bundle: Path) -> Path:
+    """The real demo bundle, built by the session fixture (or `ONNXFN_TEST_BUNDLE`)."""
+    return demo_bundle
 
 
 @pytest.fixture(scope="session")
