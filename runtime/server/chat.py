@@ -11,9 +11,9 @@ from starlette.responses import Response
 from runtime.engine.request import GenerationRequest, InvalidRequestError, SequenceOutput
 from runtime.server.disconnect import CancellableStream, unless_disconnected
 from runtime.server.encoding import WireFormat, decode_body
-from runtime.server.errors import APIError, from_engine_error
+from runtime.server.errors import from_engine_error
 from runtime.server.formatting import ResponseMeta, chat_logprob, check_prompt_length
-from runtime.server.generation import Generation
+from runtime.server.generation import Generation, framed_stream
 from runtime.server.protocol import ChatRequest, parse_chat
 from runtime.server.state import ServerState, read_body
 
@@ -60,7 +60,7 @@ async def _stream(
             body["usage"] = None
         return wire.frame(body)
 
-    try:
+    async def chunks() -> AsyncGenerator[bytes, None]:
         for index in range(parsed.sampling.n):
             role = {"role": "assistant", "content": ""}
             yield chunk([{"index": index, "delta": role, "logprobs": None, "finish_reason": None}])
@@ -70,14 +70,10 @@ async def _stream(
             if output.finish_reason is not None:
                 finish = output.finish_reason.value
                 yield chunk([{"index": output.index, "delta": {}, "logprobs": None, "finish_reason": finish}])
-        if parsed.include_usage:
-            yield wire.frame({**meta.envelope("chat.completion.chunk", []), "usage": generation.usage})
-        if end := wire.end_of_stream():
-            yield end
-    except APIError as err:
-        yield wire.frame(err.body())
-    finally:
-        generation.cancel()
+
+    usage = meta.envelope("chat.completion.chunk", []) if parsed.include_usage else None
+    async for frame in framed_stream(generation, wire, chunks(), usage):
+        yield frame
 
 
 async def collect_chat(generation: Generation, meta: ResponseMeta, parsed: ChatRequest) -> dict[str, Any]:

@@ -15,9 +15,8 @@ from runtime.engine.request import GenerationRequest, TokenLogprob
 from runtime.server.chat import CLIENT_CLOSED
 from runtime.server.disconnect import CancellableStream, unless_disconnected
 from runtime.server.encoding import WireFormat, decode_body
-from runtime.server.errors import APIError
 from runtime.server.formatting import ResponseMeta, check_prompt_length, finite_logprob
-from runtime.server.generation import Generation
+from runtime.server.generation import Generation, framed_stream
 from runtime.server.protocol import CompletionRequest, parse_completion
 from runtime.server.state import ServerState, read_body
 
@@ -87,7 +86,7 @@ async def _stream(
             body["usage"] = None
         return wire.frame(body)
 
-    try:
+    async def chunks() -> AsyncGenerator[bytes, None]:
         if parsed.echo:
             for index in logprobs:
                 yield chunk(index, echoes[index // n], None, None)
@@ -97,14 +96,10 @@ async def _stream(
             finish = output.finish_reason.value if output.finish_reason is not None else None
             if output.text or output.logprobs or finish:
                 yield chunk(index, output.text, part, finish)
-        if parsed.include_usage:
-            yield wire.frame({**meta.envelope("text_completion", []), "usage": generation.usage})
-        if end := wire.end_of_stream():
-            yield end
-    except APIError as err:
-        yield wire.frame(err.body())
-    finally:
-        generation.cancel()
+
+    usage = meta.envelope("text_completion", []) if parsed.include_usage else None
+    async for frame in framed_stream(generation, wire, chunks(), usage):
+        yield frame
 
 
 async def collect_completion(

@@ -7,7 +7,7 @@ shutdown), so the engine frees the slots within one step.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from runtime.engine.request import (
@@ -24,6 +24,7 @@ from runtime.server.metrics import RequestTimer
 if TYPE_CHECKING:
     from runtime.engine.engine import Engine
     from runtime.engine.stream import RequestStream
+    from runtime.server.encoding import WireFormat
 
 _DONE = object()
 
@@ -110,3 +111,24 @@ class Generation:
         finally:
             for task in tasks:
                 task.cancel()
+
+
+async def framed_stream(
+    generation: Generation, wire: WireFormat, chunks: AsyncIterator[bytes], usage_envelope: dict[str, Any] | None
+) -> AsyncGenerator[bytes, None]:
+    """An endpoint's chunks, then the usage chunk (when `usage_envelope` is given) and the end marker.
+
+    An error mid-stream becomes an error frame (the status line is already sent), and the generation
+    is cancelled however the stream ends, so a client that goes away frees its slot.
+    """
+    try:
+        async for frame in chunks:
+            yield frame
+        if usage_envelope is not None:
+            yield wire.frame({**usage_envelope, "usage": generation.usage})
+        if end := wire.end_of_stream():
+            yield end
+    except APIError as err:
+        yield wire.frame(err.body())
+    finally:
+        generation.cancel()
