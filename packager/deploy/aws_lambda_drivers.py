@@ -192,16 +192,16 @@ class AliasDriver:
         return {"config_digest": str(found.get("Description", "")).removeprefix("onnxfn config ")}
 
     def create(self, context: AwsContext, resource: Resource) -> None:
-        function, alias = resource.name.split(":")
-        version = self._publish(context, function, resource.settings["config_digest"])
-        context.client("lambda").create_alias(
-            FunctionName=function, Name=alias, FunctionVersion=version, Description=self._describe(resource)
-        )
+        self._point(context, resource, "create_alias")
 
     def update(self, context: AwsContext, resource: Resource, fields: tuple[str, ...]) -> None:
+        self._point(context, resource, "update_alias")
+
+    def _point(self, context: AwsContext, resource: Resource, operation: str) -> None:
+        """Publish a version of the current settings and point the alias at it (`create_alias`/`update_alias`)."""
         function, alias = resource.name.split(":")
         version = self._publish(context, function, resource.settings["config_digest"])
-        context.client("lambda").update_alias(
+        getattr(context.client("lambda"), operation)(
             FunctionName=function, Name=alias, FunctionVersion=version, Description=self._describe(resource)
         )
 
