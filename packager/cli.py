@@ -13,7 +13,7 @@ from rich.markup import escape
 from packager.errors import UserError
 
 # Each module exposes `register(subparsers)`, which adds its parser and sets `run(args) -> int`.
-COMMAND_MODULES = ("validate", "build", "image", "deploy", "invoke", "status", "destroy", "bench")
+COMMAND_MODULES = ("init", "validate", "build", "image", "deploy", "invoke", "status", "destroy", "bench")
 
 err_console = Console(stderr=True)
 

@@ -7,6 +7,7 @@ the file, the schema and `KEY_DOCS` disagree (a key without prose, prose for a k
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 import typing
@@ -113,6 +114,7 @@ class SpecKey:
     default: str
     allowed: str
     section: bool  # a table rather than a value
+    toml_default: str | None = None  # the default as a TOML value; None when required or unset
 
     @property
     def used_by(self) -> str:
@@ -141,7 +143,14 @@ def _walk(cls: type, prefix: str) -> Iterator[SpecKey]:
             yield SpecKey(key, "table", "absent" if optional else "", "", section=True)
             yield from _walk(section, key + ".")
         else:
-            yield SpecKey(key, _type_name(hint), _default(spec_field), _allowed(spec_field.metadata), section=False)
+            yield SpecKey(
+                key,
+                _type_name(hint),
+                _default(spec_field),
+                _allowed(spec_field.metadata),
+                section=False,
+                toml_default=_toml_default(spec_field),
+            )
 
 
 def _section_type(hint: Any) -> type | None:
@@ -175,6 +184,18 @@ def _default(spec_field: Field[Any]) -> str:
     if isinstance(value, list):
         return "`[" + ", ".join(f'"{v}"' for v in value) + "]`"
     return f"`{value}`"
+
+
+def _toml_default(spec_field: Field[Any]) -> str | None:
+    if spec_field.default is MISSING and spec_field.default_factory is MISSING:
+        return None
+    value = spec_field.default if spec_field.default is not MISSING else spec_field.default_factory()
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return str(value).lower()
+    # JSON strings and lists of strings are valid TOML.
+    return json.dumps(value) if isinstance(value, str | list) else repr(value)
 
 
 def _allowed(meta: Any) -> str:
