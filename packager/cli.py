@@ -13,7 +13,20 @@ from rich.markup import escape
 from packager.errors import UserError
 
 # Each module exposes `register(subparsers)`, which adds its parser and sets `run(args) -> int`.
-COMMAND_MODULES = ("init", "validate", "build", "image", "deploy", "invoke", "status", "destroy", "bench")
+COMMAND_MODULES = (
+    "init",
+    "validate",
+    "build",
+    "image",
+    "deploy",
+    "invoke",
+    "status",
+    "logs",
+    "destroy",
+    "bench",
+    "push",
+    "rollback",
+)
 
 err_console = Console(stderr=True)
 

@@ -32,6 +32,7 @@ from packager.paths import build_dir, bundle_dir
 from packager.spec import FunctionSpec
 from runtime.bundle import BundleError, read_manifest
 
+LOG_FILE = "server.log"
 TARGET = "local"
 READY_TIMEOUT = 120.0
 STOP_TIMEOUT = 10.0
@@ -146,7 +147,7 @@ def apply(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDepl
         sys.executable, "-m", "runtime", "serve", str(plan.bundle),
         "--host", plan.host, "--port", str(port), *plan.server_flags,
     )  # fmt: skip
-    log_file = plan.state_dir / "server.log"
+    log_file = plan.state_dir / LOG_FILE
     with log_file.open("wb") as log:
         # A session of its own: the server outlives `pkg`, and Ctrl-C in this terminal does not reach it.
         process = subprocess.Popen(

@@ -111,6 +111,10 @@ def test_deploy_invoke_redeploy_destroy(workspace: Workspace) -> None:
     assert invoked.stdout == f"{reply.choices[0].message.content}\n"
     assert "completion tokens" in invoked.stderr
 
+    logs = workspace.pkg("logs", folder, "--tail", "200")
+    assert logs.returncode == 0, logs.stderr
+    assert "Application startup complete" in logs.stdout
+
     status = workspace.pkg("status", folder)
     assert status.returncode == 0
     assert "ready" in status.stdout
@@ -135,6 +139,7 @@ def test_deploy_invoke_redeploy_destroy(workspace: Workspace) -> None:
     assert sorted(p.name for p in local_dir.iterdir()) == ["server.log"]
     assert "Application startup complete" in (local_dir / "server.log").read_text()
 
+    assert "Application startup complete" in workspace.pkg("logs", folder).stdout  # the log outlives the server
     assert "nothing to do" in workspace.pkg("destroy", folder).stdout
     assert "is not deployed" in workspace.pkg("status", folder).stdout
     assert workspace.pkg("invoke", folder, "Hello").returncode == 1
