@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -20,28 +23,40 @@ _STATE_STYLES = {
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("status", help="show where a function is deployed and whether it serves")
+    parser = subparsers.add_parser(
+        "status",
+        help="show where a function is deployed and whether it serves",
+        description="One row per target the function is deployed to. Example: pkg status functions/smollm2-chat",
+    )
     parser.add_argument("function", type=Path, help="function folder holding function.toml")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON (for scripts)")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.function)
     statuses = [s for s in (_status(name, spec) for name in TARGETS) if s is not None]
+    if args.json:
+        json.dump([_row(status, spec) for status in statuses], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
     if not statuses:
         console.print(f"{spec.name} is not deployed; deploy it with: pkg deploy {args.function} --target local")
         return 0
     table = Table(title=spec.name)
-    for column in ("target", "URL", "pid", "bundle digest", "state", "uptime"):
+    for column in ("target", "endpoint", "bundle digest", "state", "scaling min/max", "last deploy", "uptime"):
         table.add_column(column, overflow="fold")
     for status in statuses:
         style = _STATE_STYLES.get(status.state, "")
+        row = _row(status, spec)
+        deployed = row["last_deploy"]
         table.add_row(
             status.target,
             status.url,
-            "-" if status.pid is None else str(status.pid),
             status.bundle_digest[:19],
             f"[{style}]{status.state}[/]",
+            "{}/{}".format(*row["scaling"]),
+            time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(deployed)) if deployed else "-",
             format_uptime(status.uptime_seconds),
         )
     console.print(table)
@@ -57,6 +72,37 @@ def _status(name: str, spec: FunctionSpec) -> TargetStatus | None:
         return target(name).status(spec)
     except UserError as exc:
         return TargetStatus(target=name, url="-", bundle_digest="", state="unreachable", detail=str(exc))
+
+
+def _row(status: TargetStatus, spec: FunctionSpec) -> dict[str, object]:
+    return {
+        "target": status.target,
+        "endpoint": status.url,
+        "bundle_digest": status.bundle_digest,
+        "state": status.state,
+        "scaling": scaling_bounds(status.target, spec),
+        "last_deploy": _deployed_at(status),
+        "uptime_seconds": status.uptime_seconds,
+        "pid": status.pid,
+        "detail": status.detail,
+    }
+
+
+def scaling_bounds(target_name: str, spec: FunctionSpec) -> tuple[int | str, int | str]:
+    """How far the target scales, from the spec the deploy applied: (min, max) instances or environments."""
+    if target_name == "aws-lambda":
+        settings = spec.targets.aws_lambda
+        ceiling = settings.reserved_concurrency
+        return settings.provisioned_concurrency, "account" if ceiling is None else ceiling
+    if target_name == "aws-sagemaker":
+        return spec.targets.aws_sagemaker.min_instances, spec.targets.aws_sagemaker.max_instances
+    return 1, 1  # one server process or device
+
+
+def _deployed_at(status: TargetStatus) -> float | None:
+    deployment = status.deployment
+    stamp = getattr(deployment, "updated_at", None) or getattr(deployment, "started_at", None)
+    return float(stamp) if stamp else None
 
 
 def format_uptime(seconds: float | None) -> str:

@@ -117,8 +117,10 @@ def test_deploy_invoke_redeploy_destroy(workspace: Workspace) -> None:
 
     status = workspace.pkg("status", folder)
     assert status.returncode == 0
-    assert "ready" in status.stdout
-    assert str(first["pid"]) in status.stdout
+    assert "ready" in status.stdout and str(first["url"]) in status.stdout and "1/1" in status.stdout
+    [row] = json.loads(workspace.pkg("status", folder, "--json").stdout)
+    assert (row["target"], row["state"], row["pid"], row["endpoint"]) == ("local", "ready", first["pid"], first["url"])
+    assert row["scaling"] == [1, 1] and abs(row["last_deploy"] - float(str(first["started_at"]))) < 1
 
     # Redeploy with the key now in the environment: the old server goes, the generated key goes.
     workspace.env[KEY_ENV] = "key-from-the-environment"
