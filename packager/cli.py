@@ -24,18 +24,37 @@ COMMAND_MODULES = (
     "logs",
     "destroy",
     "bench",
-    "push",
-    "rollback",
+    "completion",
 )
+# One example per command, shown under its --help (a test checks every command has one).
+EXAMPLES = {
+    "init": "pkg init my-chat --template chat",
+    "validate": "pkg validate functions/smollm2-chat",
+    "build": "pkg build functions/smollm2-chat",
+    "image": "pkg image functions/smollm2-chat",
+    "deploy": "pkg deploy functions/smollm2-chat --target local",
+    "invoke": 'pkg invoke functions/smollm2-chat "Why is the sky blue?"',
+    "status": "pkg status functions/smollm2-chat --json",
+    "logs": "pkg logs functions/smollm2-chat --target local --follow",
+    "destroy": "pkg destroy functions/smollm2-chat --target local",
+    "bench": "pkg bench cold functions/smollm2-chat",
+    "completion": "pkg completion bash > ~/.local/share/bash-completion/completions/pkg",
+}
+EXIT_CODES = "exit codes: 0 success, 1 failure (build, deploy, network), 2 usage or spec error"
 
 err_console = Console(stderr=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pkg", description="Build, deploy and invoke onnxfn inference functions.")
+    parser = argparse.ArgumentParser(
+        prog="pkg", description="Build, deploy and invoke onnxfn inference functions.", epilog=EXIT_CODES
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         import_module(f"packager.commands.{name}").register(subparsers)
+        command = subparsers.choices[name]
+        command.epilog = f"example:\n  {EXAMPLES[name]}\n\n{EXIT_CODES}"
+        command.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 

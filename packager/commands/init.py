@@ -16,8 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "init",
         help="create a function folder from a template",
-        description="Create functions/NAME (function.toml with every key commented, README.md, prompts.txt). "
-        "Example: pkg init my-chat --template chat",
+        description="Create functions/NAME (function.toml with every key commented, README.md, prompts.txt).",
     )
     parser.add_argument("name", help="function name, or a folder path whose last part is the name")
     parser.add_argument("--template", choices=TEMPLATE_NAMES, default="chat")

@@ -19,8 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "logs",
         help="print (or follow) a deployed function's log",
-        description="The server log of a local deployment, or the CloudWatch log group of an AWS one. "
-        "Example: pkg logs functions/smollm2-chat --target local --follow",
+        description="The server log of a local deployment, or the CloudWatch log group of an AWS one.",
     )
     parser.add_argument("function", type=Path, help="function folder holding function.toml")
     parser.add_argument("--target", choices=TARGETS, default="local")

@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "status",
         help="show where a function is deployed and whether it serves",
-        description="One row per target the function is deployed to. Example: pkg status functions/smollm2-chat",
+        description="One row per target the function is deployed to.",
     )
     parser.add_argument("function", type=Path, help="function folder holding function.toml")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON (for scripts)")

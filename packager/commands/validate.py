@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "validate",
         help="check a function.toml without building",
         description="Check every key of function.toml against the schema (docs/function-toml.md) and that the "
-        "model source exists, without building. Example: pkg validate functions/smollm2-chat",
+        "model source exists, without building.",
     )
     parser.add_argument("function", type=Path, help="function folder holding function.toml")
     parser.set_defaults(run=run)
