@@ -15,15 +15,17 @@ from pathlib import Path
 
 from packager.bundle import BundleInputs, existing_bundle_key, write_bundle
 from packager.cache import cached_json, digest_of
+from packager.encoder.build import EncoderBuildResult, build_encoder_function
 from packager.errors import UserError
 from packager.export.builder import ExportOptions, ExportResult, check_architecture, export_decoder
 from packager.export.graph import check_decoder_graph
+from packager.export.prefill import PREFILL_GRAPH_VERSION
 from packager.paths import bundle_dir
 from packager.progress import StepProgress
 from packager.quantize import REFERENCE, budget_of, candidate_options
 from packager.snapshot import SNAPSHOT_VERSION
 from packager.sources import SourceModel, resolve_source
-from packager.spec import FunctionSpec
+from packager.spec import ENCODER_TASKS, FunctionSpec
 from packager.verify import (
     CandidateQuality,
     QualityBudget,
@@ -66,7 +68,9 @@ class _Evaluator:
         return self._evaluator
 
 
-def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult:
+def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | EncoderBuildResult:
+    if spec.model.task in ENCODER_TASKS:
+        return build_encoder_function(spec, progress)
     source = resolve_source(spec.model.source, spec.directory, progress)
     architecture = check_architecture(source.hf_dir)
     reference = _export(source, REFERENCE, progress)
@@ -95,6 +99,7 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult:
     build_key = digest_of(
         "bundle", FORMAT_VERSION, metadata.version("onnxfn"), spec.digest, export.key, quality_json,
         SNAPSHOT_VERSION, metadata.version("onnxruntime"),  # the snapshot's KV is valid for one ORT version
+        PREFILL_GRAPH_VERSION,
     )  # fmt: skip
     target = bundle_dir(spec)
     with progress.step("bundle", f"write and verify bundle {target}") as step:

@@ -15,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 from packager.errors import UserError
+from packager.export.prefill import write_prefill_graph
 from packager.snapshot import add_snapshot
 from packager.spec import FunctionSpec
 from runtime.bundle import (
@@ -133,6 +134,10 @@ def _assemble(inputs: BundleInputs, out: Path) -> Manifest:
         known = inputs.export_digests.get(name)
         # Digests recorded when the export was cached; re-hash only files without one.
         files[name] = FileEntry(**known) if known else file_digest(out / name)  # type: ignore[arg-type]
+    if inputs.spec.runtime.providers[:1] == ["cpu"]:
+        # The runtime prefills through this graph on the CPU (fp32 matmuls, last-position logits).
+        for name in write_prefill_graph(out, "model.onnx"):
+            files[name] = file_digest(out / name)
     (out / QUALITY_FILE).write_bytes(inputs.quality_json)
     files[QUALITY_FILE] = file_digest(out / QUALITY_FILE)
     manifest = Manifest(

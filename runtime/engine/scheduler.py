@@ -89,11 +89,17 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, pool: KVPool, prefix_cache: PrefixCache, max_queue: int, prefill_chunk: int) -> None:
+    def __init__(
+        self, pool: KVPool, prefix_cache: PrefixCache, max_queue: int, prefill_chunk: int, cache_decoded_kv: bool = True
+    ) -> None:
+        """`cache_decoded_kv`: offer the KV of generated tokens to the prefix cache too (the next chat turn's
+        prompt starts with them). Only when prompts and decode steps run the same graph: a prefill graph
+        computes slightly different KV, and a cache hit must give the same output as a miss."""
         self.pool = pool
         self.prefix_cache = prefix_cache
         self.max_queue = max_queue
         self.prefill_chunk = prefill_chunk
+        self.cache_decoded_kv = cache_decoded_kv
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []  # admitted, in admission order
         self._slot_owner: list[SequenceState | None] = [None] * pool.slots
@@ -121,12 +127,16 @@ class Scheduler:
         admitted = self._admit()
         active = [s for g in self.running for s in g.sequences if s.status is not SequenceStatus.FINISHED]
         decode = tuple(s for s in active if s.status is SequenceStatus.RUNNING)
+        # Rows cost compute on the CPU, so the batch ends at the last decoding slot: prefill runs oldest
+        # first and slots are handed out in admission order, so prompts still in prefill usually sit
+        # above it and stay out of the batch.
+        rows = max(s.slot for s in decode) + 1 if decode else 0
         return SchedulerOutput(
             admitted=tuple(admitted),
             prefills=tuple(self._prefill_work()),
             decode=decode,
-            passengers=tuple(s for s in active if s.status is SequenceStatus.PREFILLING) if decode else (),
-            decode_rows=self.pool.active if decode else 0,
+            passengers=tuple(s for s in active if s.status is SequenceStatus.PREFILLING and s.slot < rows),
+            decode_rows=rows,
             aborted=tuple(aborted),
         )
 
@@ -134,8 +144,9 @@ class Scheduler:
         """Free a finished sequence's slot, keeping occupied slots contiguous."""
         seq.status = SequenceStatus.FINISHED
         if seq.slot >= 0:
-            # What this sequence computed may be the prefix of a later request (the next chat turn).
-            self.prefix_cache.store(seq.token_ids()[: seq.num_computed], self.pool, seq.slot)
+            if self.cache_decoded_kv:
+                # What this sequence computed may be the prefix of a later request (the next chat turn).
+                self.prefix_cache.store(seq.token_ids()[: seq.num_computed], self.pool, seq.slot)
             self._release(seq)
         if seq.group.finished and seq.group in self.running:
             self.running.remove(seq.group)

@@ -4,6 +4,10 @@ The KV cache is never copied in or out: each cache tensor is bound as both `past
 (GroupQueryAttention writes the new positions into the same buffer), and logits land in a
 preallocated array. A binding per row range of the KV pool is built once and reused, so a step only
 rebinds the two small integer inputs and the logits view.
+
+A bundle may carry a second graph for prompts, `prefill.onnx` (see packager/export/prefill.py): the
+same model with fp32 matmuls and logits for the last position only. Both sessions bind the same KV
+buffers, so a prompt prefilled by one is decoded by the other without a copy.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import onnxruntime as ort
 
 from runtime.bundle import DecoderIO
 from runtime.engine.providers import plan_providers
+
+PREFILL_MODEL_FILE = "prefill.onnx"
 
 
 @dataclass(frozen=True)
@@ -91,14 +97,18 @@ class DecoderSession:
         vocab_size: int,
         max_rows: int,
         max_chunk: int,
+        prefill_session: ort.InferenceSession | None = None,
     ) -> None:
+        """`prefill_session`: the graph prompts run through (default `session`), with the same inputs and outputs."""
         self._session = session
+        self._prefill_session = prefill_session or session
+        self._prefill_rows = _logits_rows(self._prefill_session, io.logits)
         self._io = io
         self._cache = list(cache)
         layers = range(num_layers)
         self._past_names = [io.past_key % i for i in layers] + [io.past_value % i for i in layers]
         self._present_names = [io.present_key % i for i in layers] + [io.present_value % i for i in layers]
-        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}
+        self._bindings: dict[tuple[int, int, int], ort.IOBinding] = {}
         max_context = self._cache[0].shape[2]
         self._vocab_size = vocab_size
         # Decode writes `[rows, 1, V]`, prefill `[1, chunk, V]`: one buffer covers both shapes.
@@ -109,12 +119,17 @@ class DecoderSession:
         self._pointers = (self._logits.ctypes.data, self._ids.ctypes.data, self._mask.ctypes.data)
 
     def prefill(self, slot: int, token_ids: Sequence[int], past: int) -> np.ndarray:
-        """Compute `token_ids` at positions `past..` of `slot`; returns their logits `[len, vocab]`."""
+        """Compute `token_ids` at positions `past..` of `slot`; returns logits `[rows, vocab]`.
+
+        The rows are the last ones of the chunk: all of them from a graph that computes every position,
+        only the last from a prefill graph.
+        """
         count = len(token_ids)
         self._ids[:count] = token_ids
         self._mask[: past + count] = 1
-        logits = self._run(slot, slot + 1, (1, count), (1, past + count))
-        return logits.reshape(count, self._vocab_size)
+        rows = self._prefill_rows or count
+        logits = self._run(self._prefill_session, slot, slot + 1, (1, count), (1, past + count), rows)
+        return logits.reshape(rows, self._vocab_size)
 
     def decode(self, rows: int, token_ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """One token per pool row `0..rows-1`; row i attends to its first `lengths[i]` positions.
@@ -126,26 +141,42 @@ class DecoderSession:
         self._ids[:rows] = token_ids
         mask = self._mask[: rows * width].reshape(rows, width)
         np.less(self._positions[:width], lengths[:, None], out=mask, casting="unsafe")
-        return self._run(0, rows, (rows, 1), (rows, width)).reshape(rows, self._vocab_size)
+        return self._run(self._session, 0, rows, (rows, 1), (rows, width), 1).reshape(rows, self._vocab_size)
 
-    def _run(self, start: int, stop: int, ids_shape: tuple[int, int], mask_shape: tuple[int, int]) -> np.ndarray:
+    def _run(
+        self,
+        session: ort.InferenceSession,
+        start: int,
+        stop: int,
+        ids_shape: tuple[int, int],
+        mask_shape: tuple[int, int],
+        positions: int,
+    ) -> np.ndarray:
+        """Run `session` on pool rows `start:stop`; logits come back for the last `positions` of each row."""
         logits_ptr, ids_ptr, mask_ptr = self._pointers
-        binding = self._binding(start, stop)
+        binding = self._binding(session, start, stop)
         binding.bind_input(self._io.input_ids, "cpu", 0, np.int64, ids_shape, ids_ptr)
         binding.bind_input(self._io.attention_mask, "cpu", 0, np.int64, mask_shape, mask_ptr)
-        logits_shape = (*ids_shape, self._vocab_size)
+        logits_shape = (ids_shape[0], positions, self._vocab_size)
         binding.bind_output(self._io.logits, "cpu", 0, np.float32, logits_shape, logits_ptr)
-        self._session.run_with_iobinding(binding)
-        return self._logits[: ids_shape[0] * ids_shape[1] * self._vocab_size]
+        session.run_with_iobinding(binding)
+        return self._logits[: ids_shape[0] * positions * self._vocab_size]
 
-    def _binding(self, start: int, stop: int) -> ort.IOBinding:
-        key = (start, stop)
+    def _binding(self, session: ort.InferenceSession, start: int, stop: int) -> ort.IOBinding:
+        key = (0 if session is self._session else 1, start, stop)
         binding = self._bindings.get(key)
         if binding is None:
-            binding = self._session.io_binding()
+            binding = session.io_binding()
             for past, present, tensor in zip(self._past_names, self._present_names, self._cache, strict=True):
                 view = ort.OrtValue.ortvalue_from_numpy(tensor[start:stop])
                 binding.bind_ortvalue_input(past, view)
                 binding.bind_ortvalue_output(present, view)
             self._bindings[key] = binding
         return binding
+
+
+def _logits_rows(session: ort.InferenceSession, logits_name: str) -> int | None:
+    """How many positions the graph returns logits for: a fixed count declared in its output shape, or None (all)."""
+    (logits,) = [o for o in session.get_outputs() if o.name == logits_name]
+    positions = logits.shape[1] if len(logits.shape) == 3 else None
+    return positions if isinstance(positions, int) else None

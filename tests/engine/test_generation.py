@@ -9,6 +9,7 @@ import pytest
 from runtime.bundle import Bundle
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.request import FinishReason, GenerationRequest, SamplingParams
+from runtime.engine.session import PREFILL_MODEL_FILE
 from runtime.engine.tokenizer import Tokenizer
 from tests.engine.conftest import chat_ids
 
@@ -28,18 +29,24 @@ QUESTIONS = [
 
 
 def reference_greedy(bundle: Bundle, prompt: tuple[int, ...], new_tokens: int) -> list[int]:
-    """Plain `session.run` with a KV cache that grows by concatenation: no IO binding, no shared buffer."""
+    """Plain `session.run` with a KV cache that grows by concatenation: no IO binding, no shared buffer.
+
+    The prompt goes through the bundle's prefill graph when it has one, as in the engine.
+    """
     facts = bundle.manifest.model
     io = facts.io
     session = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
+    prompt_session = session
+    if PREFILL_MODEL_FILE in bundle.manifest.files:
+        prompt_session = ort.InferenceSession(str(bundle.path / PREFILL_MODEL_FILE), providers=["CPUExecutionProvider"])
     empty = np.zeros((1, facts.num_kv_heads, 0, facts.head_dim), np.float32)
     past = {name % i: empty for i in range(facts.num_layers) for name in (io.past_key, io.past_value)}
     output_names = [o.name for o in session.get_outputs()]
     tokens, generated = list(prompt), []
     step_ids = np.array([prompt], np.int64)
-    for _ in range(new_tokens):
+    for step in range(new_tokens):
         feed = {io.input_ids: step_ids, io.attention_mask: np.ones((1, len(tokens)), np.int64), **past}
-        out = dict(zip(output_names, session.run(None, feed), strict=True))
+        out = dict(zip(output_names, (prompt_session if step == 0 else session).run(output_names, feed), strict=True))
         token = int(out[io.logits][0, -1].argmax())
         generated.append(token)
         tokens.append(token)

@@ -1,0 +1,142 @@
+"""Derive the prefill graph the runtime runs prompts through, beside the builder's graph in a bundle.
+
+Two measured costs of the builder's int8 graph on prompts (2 threads, AVX2 without VNNI, 32-token
+prompt, CPU time): MatMulNBits with int8 activations (accuracy_level 4) runs M>1 products ~2.6x
+slower than fp32 MatMul on the same weights, and logits for every prompt position spend ~25 % of
+prefill in lm_head although only the last position is ever sampled. Decoding one token per row is
+the other way round: int8 weights read 4x fewer bytes and win at every batch size the engine runs.
+
+So the prefill graph is the builder's graph with
+- a Slice of the last position before lm_head (logits `[batch, 1, vocab]`);
+- every MatMulNBits except lm_head replaced by a MatMul on the same weights dequantized to fp32
+  (`prefill.onnx.data`; none for an fp32 export); lm_head stays int8 (one row per prefill).
+Every other initializer keeps pointing into `model.onnx.data`, so the graphs share those bytes on
+disk. Quality is verified on the builder's graph (all-position logits); this graph computes the
+same weights with fp32 activations, i.e. closer to the fp32 reference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from packager.errors import UserError
+from runtime.engine.session import PREFILL_MODEL_FILE
+
+PREFILL_GRAPH_VERSION = 1  # bump when the graph written here changes, to rebuild bundles
+PREFILL_DATA_FILE = PREFILL_MODEL_FILE + ".data"
+LM_HEAD_PREFIX = "/lm_head/"
+_ALIGN = 4096  # page-aligned tensors in the data file, so ONNX Runtime can map them
+_LOGITS = "logits"
+
+
+def write_prefill_graph(bundle_dir: Path, model_file: str) -> list[str]:
+    """Write the prefill graph of `bundle_dir/model_file` into `bundle_dir`; returns the file names written."""
+    model = onnx.load(str(bundle_dir / model_file), load_external_data=False)
+    written = [PREFILL_MODEL_FILE]
+    if _dequantize_matmuls(model, bundle_dir):
+        written.append(PREFILL_DATA_FILE)
+    _slice_last_position(model)
+    onnx.save(model, str(bundle_dir / PREFILL_MODEL_FILE))
+    return written
+
+
+def _slice_last_position(model: onnx.ModelProto) -> None:
+    graph = model.graph
+    heads = [n for n in graph.node if n.name.startswith(LM_HEAD_PREFIX) and _LOGITS in n.output]
+    if len(heads) != 1:
+        raise UserError(
+            f"the exported graph has {len(heads)} lm_head nodes writing {_LOGITS!r}; onnxfn expects exactly one "
+            "(is this an onnxruntime-genai builder graph?)"
+        )
+    head = heads[0]
+    hidden = head.input[0]
+    constants = {"prefill/last_start": -1, "prefill/last_stop": np.iinfo(np.int64).max, "prefill/last_axis": 1}
+    graph.initializer.extend(helper.make_tensor(name, TensorProto.INT64, [1], [v]) for name, v in constants.items())
+    last = helper.make_node("Slice", [hidden, *constants], ["prefill/last_hidden"], name="/prefill/last_position")
+    head.input[0] = "prefill/last_hidden"
+    graph.node.insert(list(graph.node).index(head), last)
+    (logits,) = [o for o in graph.output if o.name == _LOGITS]
+    dims = logits.type.tensor_type.shape.dim
+    dims[1].Clear()
+    dims[1].dim_value = 1
+
+
+def _dequantize_matmuls(model: onnx.ModelProto, bundle_dir: Path) -> bool:
+    """Turn each symmetric 4/8-bit MatMulNBits (lm_head excepted) into an fp32 MatMul; False if none was."""
+    graph = model.graph
+    initializers = {t.name: t for t in graph.initializer}
+    data_files: dict[str, np.memmap] = {}
+    replaced: set[str] = set()
+    added: list[TensorProto] = []
+    offset = 0
+    with (bundle_dir / PREFILL_DATA_FILE).open("wb") as out:
+        for node in graph.node:
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            # A zero-point input (asymmetric) or g_idx would change the formula: those keep MatMulNBits.
+            plain = node.op_type == "MatMulNBits" and len(node.input) == 3 and attrs.get("bits") in (4, 8)
+            if not plain or node.name.startswith(LM_HEAD_PREFIX):
+                continue
+            packed = _external_array(initializers[node.input[1]], bundle_dir, data_files)
+            scales = _external_array(initializers[node.input[2]], bundle_dir, data_files)
+            weight = dequantize_nbits(packed, scales, int(attrs["bits"]), int(attrs["K"]))
+            out.write(b"\0" * (-offset % _ALIGN))
+            offset += -offset % _ALIGN
+            name = f"{node.input[1]}.fp32"
+            added.append(_external_tensor(name, weight.shape, PREFILL_DATA_FILE, offset, weight.nbytes))
+            out.write(weight.tobytes())
+            offset += weight.nbytes
+            replaced.update(node.input[1:])
+            node.op_type, node.domain = "MatMul", ""
+            del node.attribute[:]
+            del node.input[1:]
+            node.input.append(name)
+    if not added:
+        (bundle_dir / PREFILL_DATA_FILE).unlink()
+        return False
+    kept = [t for t in graph.initializer if t.name not in replaced]
+    del graph.initializer[:]
+    graph.initializer.extend([*kept, *added])
+    return True
+
+
+def dequantize_nbits(packed: np.ndarray, scales: np.ndarray, bits: int, k: int) -> np.ndarray:
+    """MatMulNBits' symmetric weights (`[N, blocks, block_bytes]` uint8, scales `[N, blocks]`) as fp32 `[K, N]`.
+
+    Without a zero-point input the zero point is 2^(bits-1); 4-bit values are packed low nibble first.
+    """
+    if bits == 8:
+        values = packed.astype(np.float32)
+    else:
+        values = np.empty((*packed.shape[:2], packed.shape[2] * 2), dtype=np.float32)
+        values[..., 0::2] = packed & 0x0F
+        values[..., 1::2] = packed >> 4
+    values -= float(1 << (bits - 1))
+    values *= scales[:, :, None]
+    return np.ascontiguousarray(values.reshape(values.shape[0], -1)[:, :k].T)
+
+
+def _external_array(tensor: TensorProto, bundle_dir: Path, files: dict[str, np.memmap]) -> np.ndarray:
+    info = {e.key: e.value for e in tensor.external_data}
+    if tensor.data_location != TensorProto.EXTERNAL or "location" not in info:
+        return onnx.numpy_helper.to_array(tensor)
+    location = info["location"]
+    if location not in files:
+        files[location] = np.memmap(bundle_dir / location, dtype=np.uint8, mode="r")
+    start = int(info.get("offset", 0))
+    dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    count = int(np.prod(tensor.dims))
+    raw = files[location][start : start + count * dtype.itemsize]
+    return np.frombuffer(raw, dtype=dtype).reshape(tuple(tensor.dims))
+
+
+def _external_tensor(name: str, shape: tuple[int, ...], location: str, offset: int, length: int) -> TensorProto:
+    tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(shape))
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    return tensor

@@ -1,0 +1,95 @@
+"""The prefill graph a CPU bundle carries: fp32 matmuls on the int8 weights, logits of the last position only."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from packager.export.prefill import PREFILL_DATA_FILE, dequantize_nbits
+from runtime.bundle import Bundle
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.request import GenerationRequest, SamplingParams
+from runtime.engine.session import PREFILL_MODEL_FILE
+from runtime.engine.tokenizer import Tokenizer
+from tests.engine.conftest import chat_ids
+
+
+def _matmul_nbits(packed: np.ndarray, scales: np.ndarray, bits: int, k: int, n: int) -> ort.InferenceSession:
+    node = helper.make_node(
+        "MatMulNBits", ["a", "b", "scales"], ["y"], domain="com.microsoft",
+        K=k, N=n, bits=bits, block_size=32, accuracy_level=0,
+    )  # fmt: skip
+    graph = helper.make_graph(
+        [node],
+        "nbits",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [None, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
+        [onnx.numpy_helper.from_array(packed, "b"), onnx.numpy_helper.from_array(scales, "scales")],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_dequantized_weights_reproduce_matmul_nbits(bits: int) -> None:
+    rng = np.random.default_rng(bits)
+    k, n = 80, 24  # K not a multiple of the block: the padding of the last block must be dropped
+    blocks = -(-k // 32)
+    packed = rng.integers(0, 256, size=(n, blocks, 32 * bits // 8), dtype=np.uint8)
+    scales = rng.uniform(0.01, 0.1, size=(n, blocks)).astype(np.float32)
+    a = rng.standard_normal((5, k)).astype(np.float32)
+    (expected,) = _matmul_nbits(packed, scales, bits, k, n).run(None, {"a": a})
+    weight = dequantize_nbits(packed, scales, bits, k)
+    assert weight.shape == (k, n)
+    np.testing.assert_allclose(a @ weight, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.real_model
+def test_prefill_graph_returns_the_last_position_of_the_same_model(bundle: Bundle, tokenizer: Tokenizer) -> None:
+    files = bundle.manifest.files
+    if PREFILL_MODEL_FILE not in files:
+        pytest.skip("the test bundle was built without a prefill graph")
+    assert PREFILL_DATA_FILE in files  # int8 demo: the matmuls were dequantized
+    facts = bundle.manifest.model
+    io = facts.io
+    prompt = np.array([chat_ids(tokenizer, "Why is the sky blue?")], np.int64)
+    empty = np.zeros((1, facts.num_kv_heads, 0, facts.head_dim), np.float32)
+    feed = {io.input_ids: prompt, io.attention_mask: np.ones_like(prompt)}
+    feed |= {name % i: empty for i in range(facts.num_layers) for name in (io.past_key, io.past_value)}
+    full = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
+    prefill = ort.InferenceSession(str(bundle.path / PREFILL_MODEL_FILE), providers=["CPUExecutionProvider"])
+    (all_positions,) = full.run([io.logits], feed)
+    (last,) = prefill.run([io.logits], feed)
+    assert all_positions.shape == (1, prompt.shape[1], facts.vocab_size)
+    assert last.shape == (1, 1, facts.vocab_size)
+    p, q = _log_softmax(all_positions[0, -1]), _log_softmax(last[0, 0])
+    kl = float(np.sum(np.exp(p) * (p - q)))
+    assert last[0, 0].argmax() == all_positions[0, -1].argmax()
+    assert kl < 0.02  # int8 activations vs fp32 ones on the same weights; a wrong weight layout gives KL > 1
+
+
+@pytest.mark.real_model
+def test_decoded_kv_is_not_cached_when_prompts_use_the_prefill_graph(bundle: Bundle, tokenizer: Tokenizer) -> None:
+    if PREFILL_MODEL_FILE not in bundle.manifest.files:
+        pytest.skip("the test bundle was built without a prefill graph")
+    prompt = chat_ids(tokenizer, "List three prime numbers.")
+    request = GenerationRequest("decoded", prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    counts: dict[bool, int] = {}
+    for use_graph in (True, False):
+        config = EngineConfig(max_batch=1, max_context=256, prefix_block_size=8, prefill_graph=use_graph)
+        engine = Engine(bundle, config)
+        engine.generate(request)
+        counts[use_graph] = engine.stats().prefix_cache_bytes // (8 * bundle.manifest.model.kv_bytes_per_token())
+        engine.shutdown()
+    # Prefill KV and decode KV differ slightly between the graphs, so only prompt blocks may be reused.
+    assert counts[True] == len(prompt) // 8
+    assert counts[False] == (len(prompt) + 39) // 8
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max()
+    return shifted - np.log(np.exp(shifted).sum())
