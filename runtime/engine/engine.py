@@ -24,6 +24,7 @@ import numpy as np
 
 from runtime.bundle import Bundle
 from runtime.engine.config import EngineConfig
+from runtime.engine.constraints import Grammars
 from runtime.engine.kv_cache import KVPool, PrefixCache, context_for_budget
 from runtime.engine.output import OutputProcessor
 from runtime.engine.providers import short_name
@@ -31,7 +32,7 @@ from runtime.engine.request import EngineError, GenerationRequest, InvalidReques
 from runtime.engine.runner import ModelRunner
 from runtime.engine.sampling import SequenceSampler
 from runtime.engine.scheduler import RequestState, Scheduler, SequenceState
-from runtime.engine.session import DecoderSession, SessionBuild, SessionOptions
+from runtime.engine.session import PREFILL_MODEL_FILE, DecoderSession, SessionBuild, SessionOptions
 from runtime.engine.stream import RequestStream
 from runtime.engine.tokenizer import Tokenizer
 from runtime.engine.validation import validate_request
@@ -103,20 +104,25 @@ class Engine:
         self._facts = facts
         self.max_context = context_for_budget(facts, config.max_batch, config.kv_memory_bytes, config.max_context)
         build = session_build or SessionBuild(bundle.model_path, session_options(config))
+        prefill_build = _prefill_build(bundle, config)
         # The session builds (prepacking the weights) on its own thread, without the GIL, while this one
         # parses the tokenizer.
         self.tokenizer = Tokenizer(bundle.tokenizer_path, facts.chat_template, facts.bos_token_id, facts.eos_token_ids)
         tokenizer_s = time.perf_counter() - started
         self._pool = KVPool(facts, config.max_batch, self.max_context)
+        self.grammars = Grammars(bundle.tokenizer_path, facts.vocab_size, facts.eos_token_ids)
         session = build.result()
+        prefill_session = prefill_build.result() if prefill_build is not None else None
         self.provider = short_name(session.get_providers()[0])  # the one running the graph: `cpu`, `cuda`, …
         self._prefix_cache = PrefixCache(config.prefix_block_size, config.prefix_cache_bytes)
         decoder = DecoderSession(
             session, facts.io, facts.num_layers, self._pool.tensors, facts.vocab_size, config.max_batch,
-            config.prefill_chunk,
+            config.prefill_chunk, prefill_session,
         )  # fmt: skip
         self._runner = ModelRunner(decoder, self._pool, self._prefix_cache)
-        self._scheduler = Scheduler(self._pool, self._prefix_cache, config.max_queue, config.prefill_chunk)
+        self._scheduler = Scheduler(
+            self._pool, self._prefix_cache, config.max_queue, config.prefill_chunk, prefill_session is None
+        )
         self._on_step = on_step
         self._streams: dict[str, RequestStream] = {}
         self._wakeup = threading.Condition()
@@ -124,7 +130,8 @@ class Engine:
         self._stopping = False
         self._jobs: list[Callable[[], None]] = []  # run on the engine thread between steps
         self._tokens_in = self._tokens_out = self._steps = self._last_batch = 0
-        self.load_times = LoadTimes(build.duration, tokenizer_s, time.perf_counter() - started)
+        session_s = max(build.duration, prefill_build.duration if prefill_build is not None else 0.0)
+        self.load_times = LoadTimes(session_s, tokenizer_s, time.perf_counter() - started)
 
     # Lifecycle.
     def start(self) -> None:
@@ -323,11 +330,20 @@ class Engine:
             self.tokenizer, params, self._facts.eos_token_ids, request.request_id, index,
             len(request.prompt_token_ids), self.max_context,
         )  # fmt: skip
-        return SequenceState(group, index, SequenceSampler(params, request.prompt_token_ids, index), output)
+        constraint = self.grammars.constraint(params.grammar) if params.grammar is not None else None
+        sampler = SequenceSampler(params, request.prompt_token_ids, index, constraint)
+        return SequenceState(group, index, sampler, output)
 
 
 def session_options(config: EngineConfig) -> SessionOptions:
     return SessionOptions(config.threads, config.providers, config.allow_spinning)
+
+
+def _prefill_build(bundle: Bundle, config: EngineConfig) -> SessionBuild | None:
+    """Start building the bundle's prefill graph (if it has one and the engine runs on the CPU) beside the decoder."""
+    if not (config.prefill_graph and config.providers[:1] == ("cpu",) and PREFILL_MODEL_FILE in bundle.manifest.files):
+        return None
+    return SessionBuild(bundle.path / PREFILL_MODEL_FILE, session_options(config))
 
 
 def _settle(done: Future[T], work: Callable[[], T], stopping: bool) -> None:

@@ -36,6 +36,7 @@ class SamplingParams:
     n: int = 1
     logprobs: bool = False
     top_logprobs: int = 0
+    grammar: str | None = None  # an llguidance grammar every sampled token must follow (engine/constraints.py)
 
 
 @dataclass(frozen=True)

@@ -18,20 +18,33 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from runtime.engine.constraints import GrammarConstraint, advance, mask_logits
 from runtime.engine.request import SamplingParams
 
 _CANDIDATE_NATS = 30.0
 _NUCLEUS_HEAD = float(np.exp(-8.0))
+_SEED_MASK = 2**64 - 1
+_GREEDY_TEMPERATURE = 1e-5
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class SequenceSampler:
     """One sequence's sampling settings, random stream and token history."""
 
-    def __init__(self, params: SamplingParams, prompt_token_ids: Sequence[int], index: int = 0) -> None:
+    def __init__(
+        self,
+        params: SamplingParams,
+        prompt_token_ids: Sequence[int],
+        index: int = 0,
+        constraint: GrammarConstraint | None = None,
+    ) -> None:
         self.params = params
-        self.rng = np.random.default_rng(None if params.seed is None else (params.seed, index))
+        self.constraint = constraint
+        # default_rng takes non-negative entropy; OpenAI allows negative seeds, so use their 64-bit pattern.
+        self.rng = np.random.default_rng(None if params.seed is None else (params.seed & _SEED_MASK, index))
         self.output_token_ids: list[int] = []
-        self.greedy = params.temperature == 0.0
+        # Below this, dividing by the temperature overflows float32: it is greedy in all but name.
+        self.greedy = params.temperature < _GREEDY_TEMPERATURE
         self.penalized = (
             params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
         )
@@ -59,9 +72,14 @@ def sample(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> list[Toke
     """Pick one token per row of `logits` (`[rows, vocab]`, modified in place)."""
     want_logprobs = [i for i, s in enumerate(samplers) if s.params.logprobs]
     raw_logprobs = _log_softmax(logits[want_logprobs]) if want_logprobs else None
+    constrained = [(row, s.constraint) for row, s in enumerate(samplers) if s.constraint is not None]
+    if constrained:
+        mask_logits(logits, constrained)
     if any(s.processed for s in samplers):
         _apply_penalties_and_bias(logits, samplers)
     chosen = _greedy_or_sampled(logits, samplers)
+    if constrained:
+        advance(constrained, chosen)
     if raw_logprobs is None:
         return [TokenChoice(int(t)) for t in chosen]
     choices = [TokenChoice(int(t)) for t in chosen]
@@ -123,7 +141,9 @@ def _greedy_or_sampled(logits: np.ndarray, samplers: Sequence[SequenceSampler]) 
     if not sampled:
         return chosen
     temperatures = np.array([samplers[i].params.temperature for i in sampled], dtype=np.float32)
-    scaled = logits[sampled] / temperatures[:, None]
+    # Extreme penalties or bias can push logits to inf (and inf - inf to NaN); one such row must not fail
+    # the batch, so NaN counts as impossible and inf as merely very likely.
+    scaled = np.nan_to_num(logits[sampled] / temperatures[:, None], nan=-np.inf, posinf=_FLOAT32_MAX)
     best = scaled.max(axis=1)
     for row, values, top in zip(sampled, scaled, best, strict=True):
         chosen[row] = _sample_row(values, float(top), samplers[row])
@@ -133,6 +153,8 @@ def _greedy_or_sampled(logits: np.ndarray, samplers: Sequence[SequenceSampler]) 
 def _sample_row(scaled: np.ndarray, best: float, sampler: SequenceSampler) -> int:
     """Sample from softmax(scaled) restricted by the row's top-k, top-p and min-p."""
     p = sampler.params
+    if not np.isfinite(best):  # every token is impossible: nothing to sample from
+        return int(np.argmax(scaled))
     candidates = np.flatnonzero(scaled >= best - _CANDIDATE_NATS)
     weights = np.exp(scaled[candidates] - best)
     if 0 < p.top_k < weights.size:

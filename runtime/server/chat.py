@@ -16,6 +16,7 @@ from runtime.server.formatting import ResponseMeta, chat_logprob, check_prompt_l
 from runtime.server.generation import Generation, framed_stream
 from runtime.server.protocol import ChatRequest, parse_chat
 from runtime.server.state import ServerState, read_body
+from runtime.server.tools import ToolCall, ToolCallParser, split_output
 
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"; only ever seen in metrics and logs
 
@@ -46,9 +47,24 @@ def submit_chat(state: ServerState, parsed: ChatRequest) -> tuple[Generation, Re
     return generation, meta
 
 
-def _delta_choice(output: SequenceOutput, parsed: ChatRequest) -> dict[str, Any]:
+def _delta_choice(output: SequenceOutput, parsed: ChatRequest, delta: dict[str, Any]) -> dict[str, Any]:
     logprobs = {"content": [chat_logprob(e) for e in output.logprobs]} if parsed.sampling.logprobs else None
-    return {"index": output.index, "delta": {"content": output.text}, "logprobs": logprobs, "finish_reason": None}
+    return {"index": output.index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+
+
+def _tool_deltas(parser: ToolCallParser, text: str, calls_so_far: int, final: bool) -> list[dict[str, Any]]:
+    """The content and `tool_calls` deltas `text` completes; calls are numbered on from `calls_so_far`."""
+    deltas: list[dict[str, Any]] = []
+    pieces = [*parser.push(text), *(parser.finish() if final else ())]
+    for piece in pieces:
+        if isinstance(piece, ToolCall):
+            deltas.append({"tool_calls": [piece.to_json(calls_so_far)]})
+            calls_so_far += 1
+        elif deltas and "content" in deltas[-1]:
+            deltas[-1]["content"] += piece
+        else:
+            deltas.append({"content": piece})
+    return deltas
 
 
 async def _stream(
@@ -60,16 +76,28 @@ async def _stream(
             body["usage"] = None
         return wire.frame(body)
 
+    tools_active = parsed.tools is not None and parsed.tools.active
+    parsers = [ToolCallParser() for _ in range(parsed.sampling.n)]
+    calls = [0] * parsed.sampling.n
+
     async def chunks() -> AsyncGenerator[bytes, None]:
         for index in range(parsed.sampling.n):
             role = {"role": "assistant", "content": ""}
             yield chunk([{"index": index, "delta": role, "logprobs": None, "finish_reason": None}])
         async for _, output in generation.outputs():
-            if output.text or output.logprobs:
-                yield chunk([_delta_choice(output, parsed)])
+            index, ended = output.index, output.finish_reason is not None
+            if not tools_active:
+                deltas = [{"content": output.text}] if output.text or output.logprobs else []
+            else:
+                deltas = _tool_deltas(parsers[index], output.text, calls[index], ended)
+                calls[index] += sum(len(d.get("tool_calls", ())) for d in deltas)
+                if output.logprobs and not deltas:
+                    deltas = [{"content": ""}]
+            for delta in deltas:
+                yield chunk([_delta_choice(output, parsed, delta)])
             if output.finish_reason is not None:
-                finish = output.finish_reason.value
-                yield chunk([{"index": output.index, "delta": {}, "logprobs": None, "finish_reason": finish}])
+                finish = _finish_reason(output.finish_reason.value, calls[index] > 0)
+                yield chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish}])
 
     usage = meta.envelope("chat.completion.chunk", []) if parsed.include_usage else None
     async for frame in framed_stream(generation, wire, chunks(), usage):
@@ -93,10 +121,26 @@ async def collect_chat(generation: Generation, meta: ResponseMeta, parsed: ChatR
     choices = [
         {
             "index": i,
-            "message": {"role": "assistant", "content": "".join(texts[i])},
+            "message": _message("".join(texts[i]), parsed),
             "logprobs": {"content": logprobs[i]} if parsed.sampling.logprobs else None,
             "finish_reason": finish[i],
         }
         for i in range(n)
     ]
+    for choice in choices:
+        choice["finish_reason"] = _finish_reason(choice["finish_reason"], "tool_calls" in choice["message"])
     return {**meta.envelope("chat.completion", choices), "usage": generation.usage}
+
+
+def _message(text: str, parsed: ChatRequest) -> dict[str, Any]:
+    if parsed.tools is None or not parsed.tools.active:
+        return {"role": "assistant", "content": text}
+    content, calls = split_output(text)
+    if not calls:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": content, "tool_calls": [c.to_json() for c in calls]}
+
+
+def _finish_reason(finish: str | None, called_tools: bool) -> str | None:
+    """OpenAI reports a reply that ended after calling tools as `tool_calls`."""
+    return "tool_calls" if called_tools and finish == "stop" else finish

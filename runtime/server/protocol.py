@@ -5,8 +5,10 @@ Field policy (the same for both endpoints):
 - OpenAI fields with no effect here are accepted and ignored: `user`, `metadata`, `store`, `service_tier`,
   `parallel_tool_calls`, `safety_identifier`, `prompt_cache_key`.
 - OpenAI features this server cannot honour are rejected with 400 `unsupported_parameter` when they would
-  change the result: tools and functions, non-text `response_format`, audio, predicted outputs,
-  completion `suffix`, `best_of` above `n`.
+  change the result: legacy `functions`, audio, predicted outputs, completion `suffix`, `best_of` above `n`.
+- Structured output (docs/structured-output.md): `response_format` `json_object` / `json_schema`, plus the
+  extension types `regex` and `grammar` (Lark or GBNF), and vLLM's `guided_json`, `guided_regex`,
+  `guided_grammar`, `guided_choice`; `tools` / `tool_choice` / `parallel_tool_calls` (runtime/server/tools.py).
 - vLLM-style extensions are accepted (the openai client sends them through `extra_body`): `top_k`, `min_p`,
   `repetition_penalty`, `ignore_eos`, `stop_token_ids`.
 - Unset sampling fields take the function's defaults (`temperature`, `top_p`, `max_tokens`), not OpenAI's.
@@ -14,14 +16,17 @@ Field policy (the same for both endpoints):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from runtime.engine import constraints
 from runtime.engine.request import SamplingParams
 from runtime.server.errors import APIError, invalid_param
 from runtime.server.fields import BodyReader, show
+from runtime.server.tools import ToolRequest, history_message, parse_tools, tool_grammar, with_tools_prompt
 
-_IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "safety_identifier", "prompt_cache_key")
+_IGNORED = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
+_GUIDED = ("guided_json", "guided_regex", "guided_grammar", "guided_choice")  # vLLM's spelling, via extra_body
 _EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids")
 _COMMON = (
     "model",
@@ -49,6 +54,8 @@ _CHAT_FIELDS = frozenset(
         "response_format",
         "tools",
         "tool_choice",
+        "parallel_tool_calls",
+        *_GUIDED,
         "functions",
         "function_call",
         "modalities",
@@ -57,10 +64,10 @@ _CHAT_FIELDS = frozenset(
     )
 )
 _COMPLETION_FIELDS = frozenset((*_COMMON, "prompt", "echo", "suffix", "logprobs", "best_of"))
-_MESSAGE_FIELDS = ("role", "content", "name")
+_MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
 # Keys the openai SDK writes into assistant messages a client sends back as history; harmless while empty.
-_EMPTY_MESSAGE_FIELDS = ("tool_calls", "function_call", "refusal", "audio", "annotations", "tool_call_id")
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_EMPTY_MESSAGE_FIELDS = ("function_call", "refusal", "audio", "annotations")
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 _INT64 = 2**63
@@ -89,6 +96,7 @@ class ChatRequest:
     sampling: SamplingParams
     stream: bool
     include_usage: bool
+    tools: ToolRequest | None = None  # set when the request offers tools (its choice may still be "none")
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,15 @@ def parse_chat(body: Any, policy: RequestPolicy) -> ChatRequest:
     reader = BodyReader(body, _CHAT_FIELDS)
     _check_model(reader, policy)
     _reject_chat_features(reader)
+    tools = parse_tools(reader)
+    grammar = _structured_output(reader)
     messages = _messages(reader.raw("messages"), policy)
+    if tools is not None and tools.active:
+        if grammar is not None:
+            raise unsupported(
+                "response_format", "'response_format' cannot be combined with tools unless 'tool_choice' is 'none'"
+            )
+        messages, grammar = with_tools_prompt(messages, tools), tool_grammar(tools)
     logprobs = reader.boolean("logprobs", False)
     top_logprobs = reader.integer("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
     if reader.has("top_logprobs") and not logprobs:
@@ -116,7 +132,13 @@ def parse_chat(body: Any, policy: RequestPolicy) -> ChatRequest:
     limit_key = "max_completion_tokens" if reader.has("max_completion_tokens") else "max_tokens"
     sampling = _sampling(reader, policy, limit_key=limit_key, logprobs=logprobs, top_logprobs=top_logprobs)
     stream, include_usage = _stream_mode(reader)
-    return ChatRequest(messages=messages, sampling=sampling, stream=stream, include_usage=include_usage)
+    return ChatRequest(
+        messages=messages,
+        sampling=replace(sampling, grammar=grammar),
+        stream=stream,
+        include_usage=include_usage,
+        tools=tools,
+    )
 
 
 def parse_completion(body: Any, policy: RequestPolicy) -> CompletionRequest:
@@ -159,20 +181,73 @@ def _stream_mode(reader: BodyReader) -> tuple[bool, bool]:
 
 
 def _reject_chat_features(reader: BodyReader) -> None:
-    for key in ("tools", "functions"):
-        if reader.raw(key) not in (None, []):
-            raise unsupported(key, f"'{key}' is not supported: this endpoint does not offer tool calling")
-    for key in ("tool_choice", "function_call"):
-        if reader.raw(key) not in (None, "none", "auto"):
-            raise unsupported(key, f"'{key}' = {show(reader.raw(key))} needs tools, which this endpoint does not offer")
-    response_format = reader.nested("response_format", ("type", "json_schema"))
-    if response_format is not None and response_format.string("type", required=True) != "text":
-        raise unsupported("response_format.type", "only the 'text' response format is supported")
+    if reader.raw("functions") not in (None, []):
+        raise unsupported("functions", "the legacy 'functions' field is not supported; use 'tools'")
+    if reader.raw("function_call") not in (None, "none", "auto"):
+        raise unsupported("function_call", "the legacy 'function_call' field is not supported; use 'tool_choice'")
     if reader.raw("modalities") not in (None, ["text"]):
         raise unsupported("modalities", "only the 'text' modality is supported")
     for key in ("audio", "prediction"):
         if reader.has(key):
             raise unsupported(key, f"'{key}' is not supported by this model")
+
+
+def _structured_output(reader: BodyReader) -> str | None:
+    """The grammar `response_format` or a `guided_*` field asks for; None for free text."""
+    asked = [key for key in ("response_format", *_GUIDED) if reader.has(key)]
+    if len(asked) > 1:
+        raise invalid_param(asked[1], f"'{asked[0]}' and '{asked[1]}' both constrain the output; give one")
+    if not asked:
+        return None
+    key = asked[0]
+    value = reader.raw(key)
+    if key == "response_format":
+        fmt = reader.nested(key, ("type", "json_schema", "regex", "grammar"))
+        assert fmt is not None
+        kind = fmt.string("type", required=True)
+        value = None if kind in ("text", "json_object") else fmt.raw(kind)
+        if kind not in _FORMAT_TYPES:
+            raise unsupported("response_format.type", f"response_format type {show(kind)}; use one of {_FORMAT_TYPES}")
+        if kind not in ("text", "json_object") and value is None:
+            raise invalid_param(f"response_format.{kind}", f"'response_format.{kind}' is required for type {kind!r}")
+    else:
+        kind = key.removeprefix("guided_")
+    try:
+        grammar = _grammar(kind, value, key)
+    except ValueError as exc:  # llguidance could not read the schema or grammar text at all
+        raise invalid_param(key, f"invalid {key}: {exc}") from exc
+    problem = constraints.grammar_problem(grammar) if grammar is not None else None
+    if problem is not None:
+        raise invalid_param(key, f"invalid {key}: {problem}")
+    return grammar
+
+
+_FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "grammar")
+
+
+def _grammar(kind: str, value: Any, key: str) -> str | None:
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return constraints.json_object_grammar()
+    if kind == "json_schema":  # OpenAI's {"name", "description", "schema", "strict"}
+        spec = BodyReader(value, ("name", "description", "schema", "strict"), path="response_format.json_schema.")
+        spec.string("name", required=True)
+        schema = spec.raw("schema") or {}
+        if not isinstance(schema, dict):
+            raise invalid_param(key, f"'response_format.json_schema.schema' must be an object, got {show(schema)}")
+        return constraints.json_schema_grammar(schema, strict=spec.boolean("strict", False))
+    if kind == "json":  # vLLM's guided_json: the schema itself
+        if not isinstance(value, dict):
+            raise invalid_param(key, f"'{key}' must be a JSON schema object, got {show(value)}")
+        return constraints.json_schema_grammar(value, strict=False)
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+            raise invalid_param(key, f"'{key}' must be a non-empty list of strings, got {show(value)}")
+        return constraints.choice_grammar(value)
+    if not isinstance(value, str):
+        raise invalid_param(key, f"'{key}' must be a string, got {show(value)}")
+    return constraints.regex_grammar(value) if kind == "regex" else constraints.lark_grammar(value)
 
 
 def _sampling(
@@ -203,11 +278,19 @@ def _sampling(
     )
 
 
+# OpenAI's own limit; each entry costs work on every decode step of the request.
+MAX_LOGIT_BIAS = 300
+
+
 def _logit_bias(value: Any, vocab_size: int) -> dict[int, float]:
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise invalid_param("logit_bias", f"'logit_bias' must map token ids to numbers, got {show(value)}")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise invalid_param(
+            "logit_bias", f"'logit_bias' has {len(value)} entries; at most {MAX_LOGIT_BIAS} are allowed"
+        )
     bias: dict[int, float] = {}
     for key, amount in value.items():
         token = int(key) if isinstance(key, int) or (isinstance(key, str) and key.isdigit()) else -1
@@ -275,13 +358,18 @@ def _message(item: Any, path: str) -> dict[str, str]:
     reader = BodyReader(item, (*_MESSAGE_FIELDS, *_EMPTY_MESSAGE_FIELDS), path=path + ".")
     for key in _EMPTY_MESSAGE_FIELDS:
         if reader.raw(key) not in (None, [], ""):
-            raise unsupported(reader.name(key), f"'{reader.name(key)}' is not supported: no tool calling here")
+            raise unsupported(reader.name(key), f"'{reader.name(key)}' is not supported by this server")
     role = reader.string("role", required=True)
     if role not in _ROLES:
         allowed = ", ".join(_ROLES)
         raise invalid_param(reader.name("role"), f"role {show(role)} is not supported; use one of {allowed}")
     reader.string("name")
-    return {"role": _ROLES[role], "content": _content(reader.raw("content"), reader.name("content"))}
+    # An assistant turn that only called tools has no content.
+    empty_ok = role == "assistant" and reader.raw("tool_calls") not in (None, [])
+    content = (
+        "" if empty_ok and reader.raw("content") is None else _content(reader.raw("content"), reader.name("content"))
+    )
+    return history_message(reader, role, content) or {"role": _ROLES[role], "content": content}
 
 
 def _content(value: Any, path: str) -> str:

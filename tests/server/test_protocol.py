@@ -114,8 +114,8 @@ def test_the_function_system_prompt_fills_in_only_when_the_chat_has_none() -> No
         ({"messages": [{"role": "user", "content": "x", "extra": 1}]}, "messages[0].extra", "unknown_parameter"),
         (
             {"messages": [{"role": "assistant", "content": "", "tool_calls": [{}]}]},
-            "messages[0].tool_calls",
-            "unsupported_parameter",
+            "messages[0].tool_calls[0].function",
+            None,
         ),
         (
             {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
@@ -144,8 +144,8 @@ def test_the_function_system_prompt_fills_in_only_when_the_chat_has_none() -> No
         ({"stream_options": {"include_usage": True}}, "stream_options", None),
         ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage", None),
         ({"stream": True, "stream_options": {"usage": True}}, "stream_options.usage", "unknown_parameter"),
-        ({"response_format": {"type": "json_object"}}, "response_format.type", "unsupported_parameter"),
-        ({"tool_choice": "required"}, "tool_choice", "unsupported_parameter"),
+        ({"response_format": {"type": "xml"}}, "response_format.type", "unsupported_parameter"),
+        ({"tool_choice": "required"}, "tool_choice", None),  # no tools to require
         ({"modalities": ["text", "audio"]}, "modalities", "unsupported_parameter"),
     ],
 )
