@@ -55,16 +55,19 @@ def code_layer(out: Path, entrypoint: str) -> Layer:
         return write_layer(entries, out, "code")
 
 
-def render_entrypoint(function: str, server_flags: list[str], auth_flags: list[str]) -> str:
-    """The entry script; `server_flags` configure every HTTP mode, `auth_flags` only the OpenAI API.
+def render_entrypoint(
+    function: str, server_flags: list[str], auth_flags: list[str], *, bundle_dir: str = BUNDLE_DIR
+) -> str:
+    """The entry script; `server_flags` configure every mode, `auth_flags` only the OpenAI API.
 
     SageMaker's `serve` mode has no bearer key: SageMaker authenticates callers (IAM) before the container.
     """
     template = _templates().get_template("entrypoint.sh.j2")
     return template.render(
         function=function,
-        bundle_dir=BUNDLE_DIR,
+        bundle_dir=shlex.quote(bundle_dir),
         flags=shlex.join(server_flags),
+        function_flags=shlex.quote(shlex.join(server_flags)),  # one shell word: the queue modes' ONNXFN_FLAGS
         auth_flags=shlex.join(auth_flags),
         lambda_handler=LAMBDA_HANDLER,
     )

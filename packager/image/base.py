@@ -44,8 +44,11 @@ RUNTIME_DISTRIBUTIONS = (
     # The queue worker and the Lambda handler (runtime/events) talk to SQS and S3.
     "boto3", "botocore", "s3transfer", "jmespath", "python_dateutil", "six", "urllib3",
 )  # fmt: skip
-# The Lambda runtime interface client (the `lambda` command); not installed in the packager's environment.
-LAMBDA_DISTRIBUTIONS = ("awslambdaric==3.1.1", "simplejson==3.20.1", "snapshot-restore-py==1.0.0")
+# The Lambda entry point (the `lambda` command): the runtime interface client, SnapStart's hook registry and
+# mangum (HTTP events into the ASGI app). Pinned as in pyproject's `lambda` extra.
+LAMBDA_DISTRIBUTIONS = (
+    "awslambdaric==3.1.1", "simplejson==3.20.1", "snapshot-restore-py==1.0.0", "mangum==0.22.0",
+)  # fmt: skip
 # Parts of installed wheels that serve development, never the runtime (`bin` holds scripts whose
 # shebang names this host's python).
 DEPS_PRUNE = (

@@ -7,12 +7,9 @@ imports wait until `run`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     worker = Worker(aws_client("sqs", args), handler, config)
     ready_in = time.perf_counter() - started
     log.info("worker ready in %.2f s: %s, up to %d in flight", ready_in, config.queue_url, config.max_in_flight)
+    import asyncio
+
     try:
         stats = asyncio.run(_serve(worker))
     finally:
@@ -82,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(worker: Worker) -> WorkerStats:
+    import asyncio
+    import signal
+    from concurrent.futures import ThreadPoolExecutor
+
     loop = asyncio.get_running_loop()
     # One thread per in-flight message's storage calls, plus the long poll, deletes and heartbeats.
     threads = worker.config.max_in_flight + 4

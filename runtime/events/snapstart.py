@@ -6,16 +6,16 @@ that init phase runs once when a version is published; Lambda snapshots the micr
 and every cold start resumes from the snapshot. Before the snapshot the engine is loaded and warmed (one
 short generation touches the weights, ONNX Runtime's arena and its thread pool); after a restore, state
 that copies of one snapshot must not share is refreshed: the `random` and numpy global generators are
-reseeded from the OS (per-request samplers already draw their own OS entropy), and the callables the
-wiring passes (AWS clients, whose credentials may have expired) are rebuilt.
+reseeded from the OS (per-request samplers already draw their own OS entropy), and the wiring's `refresh`
+rebuilds what is bound to the snapshot's moment and identity (AWS clients, whose credentials were the
+snapshot's; creation timestamps).
 
-Zip package or container image: AWS offers SnapStart for zip-packaged functions only (Python 3.12+),
-not for container images, and a zip package (with layers) is limited to 250 MB unzipped, so onnxruntime
-(~60 MB), numpy, tokenizers and the runtime fit, but the demo's 270 MB bundle does not. SnapStart does
-not combine with EFS, provisioned concurrency or ephemeral storage above 512 MB, so with SnapStart the
-bundle is fetched from S3 into /tmp (512 MB) in the init phase, once, before the snapshot: that suits
-bundles up to ~400 MB. Larger bundles, or functions without SnapStart, use a container image (up to
-10 GB) carrying the bundle in its own layer; its init phase pays the full start on every cold start.
+The hooks are registered with `snapshot-restore-py`; `awslambdaric` runs the before-snapshot ones (last
+registered first) once the handler module is imported, asks the Runtime API for `restore/next` (where
+the snapshot is taken and, later, resumed), then runs the after-restore ones in registration order.
+
+SnapStart exists for zip-packaged functions only; when the Lambda target uses it and when a container
+image: docs/targets/aws-lambda.md.
 """
 
 from __future__ import annotations
@@ -23,17 +23,20 @@ from __future__ import annotations
 import logging
 import os
 import random
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from runtime.engine.engine import Engine
 
 log = logging.getLogger("runtime.events")
 INIT_TYPE_ENV = "AWS_LAMBDA_INITIALIZATION_TYPE"  # "snap-start" while Lambda prepares a snapshot
 WARMUP_PROMPT = "Hello"
 
 
-def initialize(load: Callable[[], Any], refresh: Sequence[Callable[[], None]] = ()) -> None:
+def initialize(load: Callable[[], Engine], refresh: Callable[[], None]) -> None:
     """Call at the handler module's import: under SnapStart register the hooks, otherwise load right away."""
     if os.environ.get(INIT_TYPE_ENV) == "snap-start":
         register_hooks(load, refresh)
@@ -41,35 +44,37 @@ def initialize(load: Callable[[], Any], refresh: Sequence[Callable[[], None]] = 
         load()
 
 
-def register_hooks(load: Callable[[], Any], refresh: Sequence[Callable[[], None]] = ()) -> None:
+def register_hooks(load: Callable[[], Engine], refresh: Callable[[], None]) -> None:
     from snapshot_restore_py import register_after_restore, register_before_snapshot
 
     register_before_snapshot(before_snapshot, load)
-    register_after_restore(after_restore, tuple(refresh))
+    register_after_restore(after_restore, refresh)
 
 
-def before_snapshot(load: Callable[[], Any]) -> None:
-    """Load the queue handler's engine and run one short generation, so the snapshot holds a warm engine."""
-    handler = load()
-    engine = handler.state.require_engine()
-    warm_up(engine)
+def before_snapshot(load: Callable[[], Engine]) -> None:
+    """Load the engine (the bundle's system-prompt KV restored into its prefix cache) and warm it."""
+    warm_up(load())
     log.info("SnapStart: engine loaded and warmed before the snapshot")
 
 
-def warm_up(engine: Any) -> None:
-    """One greedy token from a tiny prompt: faults the weights in and sizes ORT's arena and threads."""
+def warm_up(engine: Engine) -> None:
+    """One greedy token from a tiny prompt (one forward for an encoder): faults the weights in and sizes ORT's
+    arena and threads."""
+    from runtime.encoder.engine import EncoderEngine
     from runtime.engine.request import GenerationRequest, SamplingParams
 
+    if isinstance(engine, EncoderEngine):
+        engine.embed_texts([WARMUP_PROMPT])
+        return
     prompt = tuple(engine.tokenizer.encode(WARMUP_PROMPT))
     engine.generate(GenerationRequest("snapstart-warmup", prompt, SamplingParams(max_tokens=1, temperature=0)))
 
 
-def after_restore(refresh: Sequence[Callable[[], None]] = ()) -> None:
+def after_restore(refresh: Callable[[], None]) -> None:
     """Give this copy of the snapshot its own randomness, and rebuild what was bound to the snapshot's moment."""
     reseed_generators()
-    for rebuild in refresh:
-        rebuild()
-    log.info("SnapStart: restored; generators reseeded, %d client(s) refreshed", len(refresh))
+    refresh()
+    log.info("SnapStart: restored; generators reseeded, clients and clocks refreshed")
 
 
 def reseed_generators() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -26,13 +25,13 @@ def test_snap_start_init_registers_hooks_instead_of_loading(
 ) -> None:
     loads: list[int] = []
     monkeypatch.setenv(snapstart.INIT_TYPE_ENV, "snap-start")
-    snapstart.initialize(lambda: loads.append(1))
+    snapstart.initialize(lambda: loads.append(1), refresh=lambda: None)
     assert loads == []
     [(before, _, _)] = snapshot_restore_py.get_before_snapshot()
     [(after, _, _)] = snapshot_restore_py.get_after_restore()
     assert before is snapstart.before_snapshot and after is snapstart.after_restore
     monkeypatch.setenv(snapstart.INIT_TYPE_ENV, "on-demand")
-    snapstart.initialize(lambda: loads.append(1))  # on-demand: loads in the init phase
+    snapstart.initialize(lambda: loads.append(1), refresh=lambda: None)  # on-demand: loads in the init phase
     assert loads == [1]
 
 
@@ -40,9 +39,8 @@ def test_before_snapshot_loads_and_warms_the_engine(bundle: Bundle) -> None:
     engine = Engine(bundle, SMALL)
     engine.start()
     try:
-        handler = SimpleNamespace(state=SimpleNamespace(require_engine=lambda: engine))
         loads: list[int] = []
-        snapstart.before_snapshot(lambda: loads.append(1) or handler)
+        snapstart.before_snapshot(lambda: loads.append(1) or engine)
         assert loads == [1]
         assert engine.stats().tokens_out == 1 and engine.stats().steps >= 1
     finally:
@@ -55,7 +53,7 @@ def test_after_restore_reseeds_and_refreshes() -> None:
     for _ in range(2):  # two restores of one snapshot start from the same generator state
         random.seed(1)
         np.random.seed(1)
-        snapstart.after_restore([lambda: refreshed.append("aws clients")])
+        snapstart.after_restore(lambda: refreshed.append("aws clients"))
         copies.append((random.random(), float(np.random.random())))
     assert copies[0] != copies[1]
     assert refreshed == ["aws clients", "aws clients"]

@@ -4,7 +4,10 @@ calls, joined by a queue, so `lambda.invoke` (boto3, pointed here by AWS_ENDPOIN
 
 Runtime API (https://docs.aws.amazon.com/lambda/latest/dg/runtimes-api.html): `GET
 /2018-06-01/runtime/invocation/next` blocks until an event is queued; `POST .../invocation/ID/response` and
-`.../invocation/ID/error` complete it; `POST .../init/error` reports a start-up failure.
+`.../invocation/ID/error` complete it; `POST .../init/error` reports a start-up failure. Under SnapStart
+(`AWS_LAMBDA_INITIALIZATION_TYPE=snap-start`) the runtime calls `GET .../restore/next` once its before-snapshot
+hooks ran (Lambda takes the snapshot there and answers when an environment resumes from it) and reports a failing
+after-restore hook to `POST .../restore/error`. `calls` lists every Runtime API call in order.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ class LambdaService:
     pending: queue.Queue[Invocation] = field(default_factory=queue.Queue)
     running: dict[str, Invocation] = field(default_factory=dict)
     init_errors: list[dict[str, Any]] = field(default_factory=list)
+    restore_errors: list[dict[str, Any]] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
     address: str = ""
 
     def invoke(self, function: str, event: bytes, timeout: float = FUNCTION_TIMEOUT) -> Invocation:
@@ -75,6 +80,10 @@ def _handler(service: LambdaService) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def do_GET(self) -> None:
+            service.calls.append(f"GET {self.path.removeprefix(RUNTIME + '/')}")
+            if self.path == f"{RUNTIME}/restore/next":
+                self._send(200, b"")
+                return
             if self.path != f"{RUNTIME}/invocation/next":
                 self._send(404, b'{"errorMessage": "not found"}')
                 return
@@ -89,6 +98,12 @@ def _handler(service: LambdaService) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = self._body()
+            if self.path.startswith(RUNTIME):
+                service.calls.append(f"POST {self.path.removeprefix(RUNTIME + '/')}")
+            if self.path == f"{RUNTIME}/restore/error":
+                service.restore_errors.append(json.loads(body or b"{}"))
+                self._send(202, b'{"status": "OK"}')
+                return
             if self.path == f"{RUNTIME}/init/error":
                 service.init_errors.append(json.loads(body or b"{}"))
                 for waiting in list(service.running.values()):

@@ -13,6 +13,7 @@ import pytest
 
 from runtime.bundle import open_bundle, read_manifest
 from runtime.engine.engine import Engine, EngineConfig, StepReport
+from runtime.events import lambda_handler
 from runtime.events.handler import QueueHandler
 from runtime.events.results import Ledger, ResultStore
 from runtime.events.schema import Result, message_body
@@ -22,6 +23,7 @@ from tests.fixtures.moto_server import MotoServer, aws_env, moto_server  # noqa:
 
 MAX_BATCH = 8
 MAX_CONTEXT = 512
+LAMBDA_MODEL = "lambda-demo"
 
 
 @dataclass
@@ -161,3 +163,25 @@ def engine_under_test(demo_bundle: Path) -> Iterator[EngineUnderTest]:
 def queue_handler(under_test: EngineUnderTest, queues: Queues, *, ledger: bool = True) -> QueueHandler:
     results = ResultStore(queues.s3, queues.sqs, queues.ledger if ledger else None)
     return QueueHandler(under_test.state, results)
+
+
+class LambdaContext:
+    """The parts of Lambda's context object the handler and mangum read."""
+
+    aws_request_id = "test-invocation"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 60_000
+
+
+@pytest.fixture
+def lambda_environment(demo_bundle: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The Lambda entry point configured as the image configures it, loading on its first call."""
+    monkeypatch.setenv(lambda_handler.BUNDLE_ENV, str(demo_bundle))
+    flags = f"--no-verify --max-batch 4 --max-context 256 --temperature 0 --model-name {LAMBDA_MODEL}"
+    monkeypatch.setenv(lambda_handler.FLAGS_ENV, flags)
+    monkeypatch.setattr(lambda_handler, "_function", None)
+    yield
+    loaded = lambda_handler._function
+    if loaded is not None:
+        loaded.shutdown()

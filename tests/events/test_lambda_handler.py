@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from runtime.events import lambda_handler
-from runtime.events.lambda_handler import handler, is_sqs_batch, process_sqs_batch
-from tests.events.conftest import EngineUnderTest, Queues, chat_envelope, queue_handler
+from runtime.events.lambda_handler import handler
+from runtime.events.sqs_batch import is_sqs_batch, process_sqs_batch
+from tests.events.conftest import EngineUnderTest, LambdaContext, Queues, chat_envelope, queue_handler
 
 
 def lambda_event(queues: Queues, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -146,30 +144,12 @@ def test_records_still_running_at_the_deadline_are_aborted_and_reported(
     assert engine_under_test.engine.stats().running == 0
 
 
-@pytest.fixture
-def lambda_environment(demo_bundle: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv(lambda_handler.BUNDLE_ENV, str(demo_bundle))
-    monkeypatch.setenv(lambda_handler.FLAGS_ENV, "--no-verify --max-batch 4 --max-context 256 --temperature 0")
-    monkeypatch.setattr(lambda_handler, "_queue_handler", None)
-    yield
-    loaded = lambda_handler._queue_handler
-    if loaded is not None:
-        loaded.state.shutdown()
-
-
-class FakeContext:
-    """The one method of Lambda's context object the handler reads."""
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 60_000
-
-
 def test_the_lambda_entry_point_loads_from_its_environment(queues: Queues, lambda_environment: None) -> None:
     queues.send(chat_envelope("entry", s3_reply(queues, "entry")))
     event = lambda_event(queues, receive_all(queues, 1))
     assert is_sqs_batch(event)
-    assert handler(event, FakeContext()) == {"batchItemFailures": []}
+    assert handler(event, LambdaContext()) == {"batchItemFailures": []}
     result = queues.result("out/entry.json")
     assert result is not None and result.status == 200
-    with pytest.raises(ValueError, match="expected an SQS batch"):
-        handler({"requestContext": {"http": {"method": "GET"}}, "rawPath": "/health"}, FakeContext())
+    with pytest.raises(ValueError, match="unsupported Lambda event: expected an SQS batch or an HTTP event"):
+        handler({"detail-type": "Scheduled Event", "source": "aws.events"}, LambdaContext())

@@ -31,7 +31,7 @@ def test_context_uses_l4t_the_wheel_and_gpu_providers(
     requirements = (context / "requirements.txt").read_text().split()
     assert "onnxruntime" not in requirements and "numpy" in requirements and "awslambdaric" in requirements
     entrypoint = (context / "app" / "entrypoint.sh").read_text()
-    assert entrypoint.count("--providers tensorrt,cuda,cpu") == 2  # http and SageMaker modes
+    assert entrypoint.count("--providers tensorrt,cuda,cpu") == 3  # http, SageMaker and the queue modes' flags
     assert "--providers cpu" not in entrypoint
     assert sorted(p.name for p in (context / "bundle").iterdir()) == sorted(p.name for p in demo_bundle.iterdir())
 

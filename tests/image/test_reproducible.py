@@ -7,6 +7,8 @@ import gzip
 import hashlib
 import json
 import os
+import shlex
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -76,6 +78,10 @@ def test_code_layer_is_reproducible_with_bytecode(tmp_path: Path) -> None:
     assert "opt/onnxfn/app/runtime/server/__pycache__/app.cpython-311.pyc" in names
     assert not any("/work/" in n for n in names)
     assert "--system-prompt 'You'\"'\"'re kind; be brief'" in text  # shell-quoted, not split
+    # The queue modes get the same flags as one shell word, their $ONNXFN_FLAGS defaults.
+    (assignment,) = [line for line in text.splitlines() if line.startswith("function_flags=")]
+    word = subprocess.run(["sh", "-c", f'{assignment}; printf %s "$function_flags"'], capture_output=True, text=True)
+    assert shlex.split(word.stdout) == ["--max-batch", "8", "--system-prompt", "You're kind; be brief"]
 
 
 def test_dockerfile_matches_the_image(tmp_path: Path) -> None:

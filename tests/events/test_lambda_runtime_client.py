@@ -1,0 +1,77 @@
+"""The Lambda entry point under the real `awslambdaric`, in a fresh process, against the tests' local Runtime API.
+
+On demand, the engine loads while the module is imported (the init phase), before the first `invocation/next`.
+Under SnapStart, `awslambdaric` runs the registered before-snapshot hook (load and warm the engine), calls
+`restore/next` (where Lambda snapshots, then resumes), runs the after-restore hook, and only then polls for
+invocations. Either way one engine answers an HTTP event and an SQS batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from packager.deploy.aws_lambda import decode_http_response, function_url_event
+from packager.processes import stop_process
+from runtime.events.lambda_handler import BUNDLE_ENV, FLAGS_ENV, RUNTIME_API_ENV
+from runtime.events.snapstart import INIT_TYPE_ENV
+from tests.deploy_aws.lambda_service import LambdaService, running_lambda_service
+from tests.events.conftest import LAMBDA_MODEL, Queues, chat_envelope
+from tests.events.test_lambda_handler import lambda_event, receive_all, s3_reply
+
+HANDLER = "runtime.events.lambda_handler.handler"
+
+
+def invoke(service: LambdaService, event: dict[str, object]) -> tuple[str | None, dict[str, object]]:
+    invocation = service.invoke("onnxfn-test", json.dumps(event).encode(), timeout=120)
+    return invocation.error_type, json.loads(invocation.payload)
+
+
+@pytest.mark.parametrize("init_type", ["on-demand", "snap-start"])
+def test_awslambdaric_runs_the_entry_point_with_one_engine_for_http_and_sqs(
+    init_type: str, demo_bundle: Path, queues: Queues, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    log_path = tmp_path / "function.log"
+    with running_lambda_service() as service:
+        env = {
+            **os.environ, **aws_env, RUNTIME_API_ENV: service.address, INIT_TYPE_ENV: init_type,
+            BUNDLE_ENV: str(demo_bundle), FLAGS_ENV: f"--no-verify --max-batch 4 --max-context 256 --temperature 0 "
+            f"--model-name {LAMBDA_MODEL} --ledger s3://{queues.bucket}/ledger",
+        }  # fmt: skip
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "awslambdaric", HANDLER], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        try:
+            chat = {"model": LAMBDA_MODEL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
+            error, reply = invoke(service, function_url_event("/v1/chat/completions", chat))
+            assert error is None, reply
+            assert decode_http_response(reply)["object"] == "chat.completion"
+            error, reply = invoke(service, function_url_event("/v1/chat/completions", {**chat, "n": 0}))
+            assert error is None and reply["statusCode"] == 400, reply
+            assert json.loads(str(reply["body"]))["error"]["param"] == "n"
+            queues.send(chat_envelope("ric", s3_reply(queues, "ric")))
+            error, reply = invoke(service, lambda_event(queues, receive_all(queues, 1)))
+            assert (error, reply) == (None, {"batchItemFailures": []})
+            error, reply = invoke(service, {"neither": "sqs nor http"})
+            assert error == "Unhandled" and reply["errorType"] == "ValueError", reply
+            assert "unsupported Lambda event" in str(reply["errorMessage"]) and isinstance(reply["stackTrace"], list)
+        finally:
+            stop_process(process)
+    log = log_path.read_text(errors="replace")
+    result = queues.result("out/ric.json")
+    assert result is not None and result.status == 200, log[-3000:]
+    assert service.init_errors == [] and service.restore_errors == [], log[-3000:]
+    assert log.count("restored into the prefix cache") == 1  # the engine loaded once, for every event kind
+    polls = [call for call in service.calls if call.startswith("GET ")]
+    if init_type == "snap-start":
+        assert polls[0] == "GET restore/next" and polls[1:] == ["GET invocation/next"] * (len(polls) - 1)
+        warmed, restored = log.index("warmed before the snapshot"), log.index("SnapStart: restored")
+        assert log.index("startup timeline") < warmed < restored
+    else:
+        assert set(polls) == {"GET invocation/next"} and "SnapStart" not in log
