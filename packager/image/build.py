@@ -32,7 +32,8 @@ from packager.image.registry import PushReport, RegistryTarget, push_layout
 from packager.paths import cache_root
 from packager.progress import StepProgress
 from packager.spec import FunctionSpec
-from runtime.bundle import BundleError, read_manifest
+from runtime.bundle import BundleError
+from runtime.verified import open_verified
 
 SERVE_PORT = 8080
 
@@ -96,7 +97,9 @@ def _build(
     start = time.perf_counter()
     targets = parse_platforms(platforms)
     try:
-        manifest = read_manifest(bundle)
+        # The whole bundle is checked before anything is built: the layer cache is keyed by the manifest, so
+        # a tampered file beside an unchanged manifest would otherwise slip into the Docker context.
+        manifest = open_verified(bundle)[0].manifest
     except BundleError as exc:
         raise UserError(f"cannot build an image: {exc}\nbuild the bundle first: pkg build {spec.directory}") from exc
     reports: list[LayerReport] = []

@@ -1,10 +1,13 @@
-"""Bearer-token auth for `/v1/*`: one API key, read from an environment variable or a file at start.
+"""Bearer-token auth: one API key, read from an environment variable or a file at start.
 
-`/health`, `/ready` and `/metrics` stay open so probes and Prometheus need no secret.
+With a key configured every route needs it except `/health` (liveness) and `/ready`, which orchestrators
+probe without secrets and which then answers with its status code and status word only. `/metrics` needs
+the key: Prometheus sends it (`authorization: {credentials_file: ...}` in the scrape config).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 from pathlib import Path
@@ -38,7 +41,7 @@ def load_api_key(env_name: str | None, key_file: Path | None) -> str | None:
 
 class BearerAuth:
     def __init__(self, api_key: str | None) -> None:
-        self._key = api_key.encode() if api_key else None
+        self._key = _digest(api_key.encode()) if api_key else None
 
     @property
     def enabled(self) -> bool:
@@ -51,9 +54,21 @@ class BearerAuth:
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise _unauthorized("missing bearer token: send 'Authorization: Bearer <API key>'")
-        # Constant-time comparison: response timing must not reveal how much of a guessed key was right.
-        if not hmac.compare_digest(token.strip().encode(), self._key):
+        # Constant-time comparison of fixed-length digests: timing reveals neither how much of a guessed key
+        # was right nor the key's length.
+        if not hmac.compare_digest(_digest(token.strip().encode()), self._key):
             raise _unauthorized("incorrect API key provided")
+
+    def allows(self, authorization: str | None) -> bool:
+        try:
+            self.check(authorization)
+        except APIError:
+            return False
+        return True
+
+
+def _digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()
 
 
 def _unauthorized(message: str) -> APIError:

@@ -27,6 +27,8 @@ MSGPACK_TYPE = "application/msgpack"
 EVENT_STREAM_TYPE = "text/event-stream"
 _MSGPACK_ALIASES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
 SSE_DONE = b"data: [DONE]\n\n"
+# Deeper than any real request (a JSON schema in `response_format` included); bounds every later walk.
+MAX_DEPTH = 64
 
 
 def _reject_constant(name: str) -> Any:
@@ -38,19 +40,73 @@ def is_msgpack(media_type: str | None) -> bool:
 
 
 def decode_body(raw: bytes, content_type: str | None) -> Any:
-    """Parse a request body; a malformed one is a 400 that says which format was expected."""
-    if is_msgpack(content_type):
-        try:
-            # Integer map keys are allowed: msgpack clients naturally key `logit_bias` by token id.
-            return msgpack.unpackb(raw, raw=False, strict_map_key=False)
-        except (ValueError, msgpack.UnpackException, TypeError) as exc:
-            raise APIError(400, f"the request body is not valid msgpack: {exc}", code="invalid_msgpack") from exc
+    """Parse a request body; a malformed one is a 400 that says which format was expected and what is wrong."""
+    body = _decode_msgpack(raw) if is_msgpack(content_type) else _decode_json(raw)
+    _check_depth(body)
+    return body
+
+
+def _decode_msgpack(raw: bytes) -> Any:
+    # No container or string can hold more items or bytes than the body has bytes, so a header declaring
+    # 4 G elements is refused before anything is allocated.
+    limit = len(raw)
+    try:
+        # Integer map keys are allowed: msgpack clients naturally key `logit_bias` by token id.
+        return msgpack.unpackb(
+            raw,
+            raw=False,
+            strict_map_key=False,
+            max_str_len=limit,
+            max_bin_len=limit,
+            max_array_len=limit,
+            max_map_len=limit,
+            max_ext_len=limit,
+        )
+    except msgpack.StackError as exc:
+        raise _too_deep("msgpack") from exc
+    except UnicodeDecodeError as exc:
+        raise APIError(
+            400,
+            f"the msgpack body holds a string that is not UTF-8: {exc.reason} at byte {exc.start}",
+            code="invalid_msgpack",
+        ) from exc
+    except (ValueError, msgpack.UnpackException, TypeError) as exc:
+        raise APIError(400, f"the request body is not valid msgpack: {exc}", code="invalid_msgpack") from exc
+
+
+def _decode_json(raw: bytes) -> Any:
     if not raw.strip():
         raise APIError(400, "the request body is empty; send a JSON object", code="invalid_json")
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
+        text = raw.decode()
+    except UnicodeDecodeError as exc:
+        raise APIError(
+            400, f"the request body is not UTF-8: {exc.reason} at byte {exc.start}", code="invalid_json"
+        ) from exc
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError as exc:
+        raise _too_deep("JSON") from exc
+    except ValueError as exc:
         raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+
+
+def _check_depth(body: Any) -> None:
+    """Refuse bodies nested deeper than `MAX_DEPTH`, walking without recursion (no RecursionError later)."""
+    level: list[Any] = [body]
+    for _ in range(MAX_DEPTH):
+        level = [child for node in level if isinstance(node, dict | list) for child in _children(node)]
+        if not level:
+            return
+    raise _too_deep("the request body")
+
+
+def _children(node: dict[Any, Any] | list[Any]) -> list[Any]:
+    return [*node.keys(), *node.values()] if isinstance(node, dict) else node
+
+
+def _too_deep(what: str) -> APIError:
+    return APIError(400, f"{what} is nested more than {MAX_DEPTH} levels deep", code="too_deeply_nested")
 
 
 def dump_json(obj: Any) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,10 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     # Names the bundle in every response (OpenAI's `system_fingerprint`), so a client can tell builds apart.
     fingerprint: str | None = None
+    # Requests allowed to wait for a slot, beyond the engine's `max_batch` running; more get a 429. None
+    # leaves it to the engine's queue (`max_queue`). A small value keeps the TTFT of admitted requests near
+    # the unloaded TTFT under overload: a queued request waits for a running one to finish.
+    max_waiting: int | None = None
 
 
 class ServerState:
@@ -57,11 +62,30 @@ class ServerState:
             self.engine.shutdown()
 
     def require_engine(self) -> Engine:
+        """The engine, ready to take one more request: 503 while loading, 429 when `max_waiting` are waiting.
+
+        Handlers call this and submit without awaiting in between, so on the event loop the check is exact.
+        """
         if self.engine is not None:
+            if self.settings.max_waiting is not None:
+                self._admit(self.engine)
             return self.engine
         if self.load_error is not None:
             raise unavailable(f"the model failed to load: {self.load_error}")
         raise unavailable("the model is still loading; retry shortly (GET /ready reports when it is up)")
+
+    def _admit(self, engine: Engine) -> None:
+        stats, slots = engine.stats(), engine.config.max_batch
+        if stats.queued + stats.running >= slots + (self.settings.max_waiting or 0):
+            # Each wave of `slots` requests ahead takes about one request's duration to drain.
+            retry_after = 1 + math.ceil(stats.queued / slots)
+            raise APIError(
+                429,
+                f"the server is at capacity ({stats.running} running, {stats.queued} waiting); retry later",
+                error_type="rate_limit_error",
+                code="engine_overloaded",
+                headers={"Retry-After": str(retry_after)},
+            )
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -119,8 +119,11 @@ def test_v1_needs_the_bearer_key_but_probes_do_not(http: httpx.Client, server: R
     assert missing.json()["error"]["code"] == "invalid_api_key"
     assert http.get("/v1/models", headers={"Authorization": "Basic " + API_KEY}).status_code == 401
     assert http.get("/health").json() == {"status": "ok"}
-    assert http.get("/ready").json() == {"status": "ready", "model": server.state.policy.model_name}
-    assert http.get("/metrics").status_code == 200
+    # /ready stays open for orchestrators' probes but tells a caller without the key nothing more.
+    assert http.get("/ready").json() == {"status": "ready"}
+    assert http.get("/ready", headers=AUTH).json() == {"status": "ready", "model": server.state.policy.model_name}
+    assert http.get("/metrics").status_code == 401
+    assert http.get("/metrics", headers=AUTH).status_code == 200
 
 
 def test_unknown_routes_and_methods_get_openai_shaped_errors(http: httpx.Client) -> None:
@@ -133,7 +136,7 @@ def test_unknown_routes_and_methods_get_openai_shaped_errors(http: httpx.Client)
 
 
 def scrape(http: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    families = text_string_to_metric_families(http.get("/metrics").text)
+    families = text_string_to_metric_families(http.get("/metrics", headers=AUTH).text)
     return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
 
 

@@ -1,0 +1,25 @@
+"""Schemathesis on the server's own OpenAPI document: 300 generated cases here, 2,000 in scripts/fuzz_api.py."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.reliability.conftest import assert_serves
+from tests.reliability.fuzzing import run_fuzz
+from tests.reliability.live import LiveServer
+
+pytestmark = pytest.mark.real_model
+CASES = int(os.environ.get("ONNXFN_FUZZ_CASES", "300"))
+
+
+def test_generated_requests_get_declared_answers_and_never_a_5xx(live: LiveServer) -> None:
+    report = run_fuzz(live, CASES, seed=11)
+    assert report.cases >= CASES * 0.8, report
+    assert report.server_errors == 0, report.failures[:5]
+    assert report.failures == [], "\n".join(report.failures[:10])
+    # Both wire formats and the generating routes were really exercised, streams included.
+    assert report.media["application/json"] > 0 and report.media["application/msgpack"] > 0
+    assert report.statuses[200] > 0 and report.statuses[400] > 0 and report.streams > 0
+    assert_serves(live)
