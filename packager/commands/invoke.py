@@ -1,5 +1,8 @@
 """`pkg invoke functions/NAME "prompt"`: stream a chat reply from the deployed endpoint to stdout.
 
+For an embedding function (`task = "embedding"`) it embeds the text instead and prints the vector's size,
+norm and first values; for a classifier (`task = "classification"`), every label's probability.
+
 The reply goes to stdout as it arrives (so it pipes cleanly); token counts and timing go to stderr.
 `--target aws-lambda` and `--target aws-sagemaker` go through boto3 (Lambda's Invoke, SageMaker's
 InvokeEndpoint) and print the whole reply once it is complete.
@@ -59,9 +62,13 @@ def run(args: argparse.Namespace) -> int:
             f"the local deployment of {spec.name} is not serving (state: {status.state}, pid {status.pid}); "
             f"redeploy with `pkg deploy {args.function} --target local`\n{tail}"
         )
-    body = _chat_body(spec.name, args, stream=True)
     key = status.deployment.api_key.read()
     headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if spec.model.task == "embedding":
+        return _invoke_embedding(f"{status.url}/v1/embeddings", spec, args, headers)
+    if spec.model.task == "classification":
+        return _invoke_classification(f"{status.url}/v1/classify", spec, args, headers)
+    body = _chat_body(spec.name, args, stream=True)
     started = time.perf_counter()
     usage = _stream_reply(f"{status.url}/v1/chat/completions", body, headers, args.timeout)
     elapsed = time.perf_counter() - started
@@ -70,6 +77,61 @@ def run(args: argparse.Namespace) -> int:
             f"[dim]{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens "
             f"in {elapsed:.2f} s[/]"
         )
+    return 0
+
+
+def _invoke_embedding(url: str, spec: FunctionSpec, args: argparse.Namespace, headers: dict[str, str]) -> int:
+    """Embed the text and print what came back (size, norm, first values) as a table; the timing to stderr."""
+    import base64
+
+    import numpy as np
+    from rich.table import Table
+
+    started = time.perf_counter()
+    body = {"model": spec.name, "input": args.prompt, "encoding_format": "base64"}
+    try:
+        response = httpx.post(url, json=body, headers=headers, timeout=args.timeout)
+    except httpx.HTTPError as exc:
+        raise UserError(f"cannot reach {url}: {exc}") from exc
+    if response.status_code != 200:
+        raise UserError(f"the endpoint answered {response.status_code}: {_error_message(response)}")
+    elapsed = time.perf_counter() - started
+    reply = response.json()
+    vector = np.frombuffer(base64.b64decode(reply["data"][0]["embedding"]), dtype="<f4")
+    table = Table(title=f"embedding from {spec.name}", show_header=False)
+    table.add_row("dimensions", str(vector.size))
+    table.add_row("L2 norm", f"{float(np.linalg.norm(vector)):.6f}")
+    table.add_row("first values", ", ".join(f"{v:+.4f}" for v in vector[:6]) + ", …")
+    table.add_row("tokens", str(reply["usage"]["prompt_tokens"]))
+    Console().print(table)
+    err_console.print(f"[dim]embedded in {elapsed:.3f} s[/]")
+    return 0
+
+
+def _invoke_classification(url: str, spec: FunctionSpec, args: argparse.Namespace, headers: dict[str, str]) -> int:
+    """Classify the text and print every label's probability, most probable first; the timing to stderr."""
+    from rich.table import Table
+
+    started = time.perf_counter()
+    try:
+        response = httpx.post(
+            url, json={"model": spec.name, "input": args.prompt}, headers=headers, timeout=args.timeout
+        )
+    except httpx.HTTPError as exc:
+        raise UserError(f"cannot reach {url}: {exc}") from exc
+    if response.status_code != 200:
+        raise UserError(f"the endpoint answered {response.status_code}: {_error_message(response)}")
+    elapsed = time.perf_counter() - started
+    reply = response.json()
+    result = reply["data"][0]
+    table = Table(title=f"{spec.name}: {result['label']}")
+    table.add_column("label")
+    table.add_column("probability", justify="right")
+    for label, probability in sorted(zip(reply["labels"], result["probs"], strict=True), key=lambda lp: -lp[1]):
+        style = "bold green" if label == result["label"] else None
+        table.add_row(label, f"{probability:.4f}", style=style)
+    Console().print(table)
+    err_console.print(f"[dim]{reply['usage']['prompt_tokens']} tokens classified in {elapsed:.3f} s[/]")
     return 0
 
 

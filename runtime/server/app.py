@@ -17,11 +17,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from runtime.server.chat import CLIENT_CLOSED, create_chat_completion
-from runtime.server.completions import create_completion
+from runtime.server.chat import CLIENT_CLOSED
+from runtime.server.embeddings import task_routes
 from runtime.server.encoding import WireFormat
 from runtime.server.errors import APIError
 from runtime.server.metrics import PROMETHEUS_TYPE
+from runtime.server.openapi import core_pieces, document
 from runtime.server.state import ServerSettings, ServerState, log
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ def create_app(
     *,
     on_load_failure: Callable[[], None] | None = None,
     sagemaker: bool = False,
+    task: str = "chat",
 ) -> Starlette:
     """An app serving `settings.policy.model_name`; `load_engine` returns a started engine.
 
@@ -71,20 +73,38 @@ def create_app(
 
         return endpoint
 
+    def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        """A non-API route that needs the key too (auth.py says which routes stay open and why)."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                state.auth.check(request.headers.get("authorization"))
+            except APIError as err:
+                return WireFormat.for_accept(request.headers.get("accept")).error_response(err)
+            return await handler(request)
+
+        return endpoint
+
     async def ready(request: Request) -> Response:
-        return _ready(state)
+        return _ready(state, detailed=state.auth.allows(request.headers.get("authorization")))
 
     async def metrics(request: Request) -> Response:
         return Response(state.metrics.render(), media_type=PROMETHEUS_TYPE)
 
+    # Each route's owner adds its `RoutePiece` here along with its `Route` (see runtime/server/openapi.py).
+    openapi = document(state.policy, core_pieces(state.policy, task), auth=state.auth.enabled)
+
+    async def openapi_json(request: Request) -> Response:
+        return JSONResponse(openapi)
+
     routes = [
         Route("/health", _health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        Route("/metrics", guarded(metrics), methods=["GET"]),
+        Route("/openapi.json", guarded(openapi_json), methods=["GET"]),
         Route("/v1/models", api("models", _list_models), methods=["GET"]),
         Route("/v1/models/{model_id:path}", api("model", _get_model), methods=["GET"]),
-        Route("/v1/chat/completions", api("chat", create_chat_completion), methods=["POST"]),
-        Route("/v1/completions", api("completions", create_completion), methods=["POST"]),
+        *task_routes(task, api),  # chat and completions, or embeddings, as the bundle's task says
     ]
     if sagemaker:
         from runtime.server.sagemaker import sagemaker_routes
@@ -103,11 +123,12 @@ async def _health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-def _ready(state: ServerState) -> Response:
+def _ready(state: ServerState, *, detailed: bool) -> Response:
+    """Probes need only the status; the model name and a load error (paths, versions) need the key."""
     if state.engine is not None:
-        return JSONResponse({"status": "ready", "model": state.policy.model_name})
+        return JSONResponse({"status": "ready", **({"model": state.policy.model_name} if detailed else {})})
     if state.load_error is not None:
-        return JSONResponse({"status": "failed", "error": state.load_error}, status_code=503)
+        return JSONResponse({"status": "failed", **({"error": state.load_error} if detailed else {})}, status_code=503)
     return JSONResponse({"status": "loading"}, status_code=503)
 
 

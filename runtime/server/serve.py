@@ -26,6 +26,7 @@ from runtime.startup import RUNTIME_IMPORTED, TIMELINE
 
 if TYPE_CHECKING:
     from runtime.bundle import Manifest
+    from runtime.encoder.engine import EncoderConfig
     from runtime.engine.config import EngineConfig
     from runtime.engine.engine import Engine, StepReport
     from runtime.server.protocol import RequestPolicy
@@ -48,6 +49,9 @@ def register(subparsers: Any) -> None:
     auth.add_argument("--api-key-file", type=Path, metavar="PATH", help="read the bearer API key from a file")
     add_model_arguments(parser)
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request bodies above this get 413")
+    parser.add_argument(
+        "--max-waiting", type=int, help="requests that may wait for a slot before 429 (default: --max-queue decides)"
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--sagemaker", action="store_true", help="also serve SageMaker's /ping and /invocations")
     parser.set_defaults(run=run)
@@ -98,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     args.port = listener.getsockname()[1]
     model_name = args.model_name or manifest.function
-    loading = _in_background(lambda: load_engine(args, model_name))
+    load = load_encoder if manifest.encoder is not None else load_engine
+    loading = _in_background(lambda: load(args, model_name))
     # Imports hold the GIL: let the loader import onnxruntime and start the session (which runs without
     # the GIL) first; the HTTP stack then imports while the session builds.
     TIMELINE.wait_for("imports_onnxruntime", timeout=SESSION_START_WAIT)
@@ -109,7 +114,11 @@ def run(args: argparse.Namespace) -> int:
         from runtime.server.state import ServerSettings
     policy = request_policy(args, manifest)
     settings = ServerSettings(
-        policy=policy, api_key=api_key, max_body_bytes=args.max_body_bytes, fingerprint=fingerprint(manifest)
+        policy=policy,
+        api_key=api_key,
+        max_body_bytes=args.max_body_bytes,
+        fingerprint=fingerprint(manifest),
+        max_waiting=args.max_waiting,
     )
     if api_key is None:
         log.warning("no API key configured: /v1/* is open to anyone who can reach %s:%d", args.host, args.port)
@@ -117,7 +126,9 @@ def run(args: argparse.Namespace) -> int:
     def stop_server() -> None:
         server.should_exit = True
 
-    app = create_app(settings, loading.result, on_load_failure=stop_server, sagemaker=args.sagemaker)
+    app = create_app(
+        settings, loading.result, on_load_failure=stop_server, sagemaker=args.sagemaker, task=manifest.task
+    )
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on")
     server = uvicorn.Server(config)
     logging.getLogger("uvicorn.access").addFilter(_skip_probes)
@@ -145,7 +156,7 @@ def request_policy(args: argparse.Namespace, manifest: Manifest) -> RequestPolic
 
     return RequestPolicy(
         model_name=args.model_name or manifest.function,
-        vocab_size=manifest.model.vocab_size,
+        vocab_size=(manifest.encoder or manifest.model).vocab_size,  # type: ignore[union-attr]
         default_temperature=args.temperature,
         default_top_p=args.top_p,
         default_max_tokens=args.max_tokens,
@@ -179,6 +190,24 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     if args.providers:
         overrides["providers"] = tuple(p.strip() for p in args.providers.split(",") if p.strip())
     return EngineConfig(**overrides)
+
+
+def load_encoder(args: argparse.Namespace, model_name: str) -> Engine:
+    """An embedding or classification bundle's engine; `--max-batch` caps the rows per forward."""
+    from runtime.encoder.engine import start_encoder
+
+    engine = start_encoder(args.bundle, encoder_config(args), verify=not args.no_verify)
+    log.info("serving %s of %s on http://%s:%d", engine.task, model_name, args.host, args.port)
+    return engine  # type: ignore[return-value]  # the server needs only stats() and shutdown() of either engine
+
+
+def encoder_config(args: argparse.Namespace) -> EncoderConfig:
+    """The encoder settings from `add_model_arguments`' flags; unset flags keep the encoder's defaults."""
+    from runtime.encoder.engine import EncoderConfig
+
+    providers = tuple(p.strip() for p in args.providers.split(",") if p.strip()) if args.providers else None
+    flags = {"threads": args.threads, "max_rows": args.max_batch, "max_queue": args.max_queue, "providers": providers}
+    return EncoderConfig(**{k: v for k, v in flags.items() if v})
 
 
 def load_engine(args: argparse.Namespace, model_name: str) -> Engine:

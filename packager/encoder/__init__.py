@@ -1,0 +1,1 @@
+"""`pkg build` for encoder functions (embeddings, classifiers): export, quantize under the budget, verify, bundle."""
