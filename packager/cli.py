@@ -24,6 +24,8 @@ COMMAND_MODULES = (
     "logs",
     "destroy",
     "bench",
+    "push",
+    "rollback",
     "completion",
 )
 # One example per command, shown under its --help (a test checks every command has one).
@@ -38,6 +40,8 @@ EXAMPLES = {
     "logs": "pkg logs functions/smollm2-chat --target local --follow",
     "destroy": "pkg destroy functions/smollm2-chat --target local",
     "bench": "pkg bench cold functions/smollm2-chat",
+    "push": "pkg push functions/smollm2-chat --device http://10.0.0.2:8470",
+    "rollback": "pkg rollback functions/smollm2-chat --device http://10.0.0.2:8470",
     "completion": "pkg completion bash > ~/.local/share/bash-completion/completions/pkg",
 }
 EXIT_CODES = "exit codes: 0 success, 1 failure (build, deploy, network), 2 usage or spec error"

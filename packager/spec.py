@@ -18,6 +18,9 @@ from typing import Any
 from packager.errors import UserError
 
 SPEC_FILE = "function.toml"
+ENCODER_PRECISIONS = ("auto", "fp32", "int8", "int8-mixed", "int8-nbits")
+DECODER_PRECISIONS = ("auto", "fp32", "int8", "int4")
+ENCODER_TASKS = ("embedding", "classification")
 
 
 def choice(*allowed: str, default: str) -> Any:
@@ -31,7 +34,7 @@ def bounded(default: float | int, *, lo: float | None = None, hi: float | None =
 @dataclass(frozen=True)
 class ModelSection:
     source: str
-    task: str = choice("chat", "completion", default="chat")
+    task: str = choice("chat", "completion", "embedding", "classification", default="chat")
     architecture: str | None = None  # override of config.json's `model_type`
 
 
@@ -40,11 +43,22 @@ class QualitySection:
     min_top1_agreement: float = bounded(0.95, lo=0.0, hi=1.0)
     max_mean_kl: float = bounded(0.02, lo=0.0)
     max_perplexity_increase_pct: float = bounded(10.0, lo=0.0)
+    # Embedding functions: cosine similarity to the fp32 embeddings on a fixed sentence set, and how often
+    # each sentence's nearest neighbour in that set stays the same.
+    min_mean_cosine: float = bounded(0.99, lo=0.0, hi=1.0)
+    min_cosine: float = bounded(0.97, lo=0.0, hi=1.0)
+    min_neighbour_agreement: float = bounded(0.9, lo=0.0, hi=1.0)
+    # A row's embedding alone vs in a padded batch of others (concurrent requests share forwards).
+    min_batch_cosine: float = bounded(0.9999, lo=0.0, hi=1.0)
+    # Classifiers: the largest change of any label's probability against fp32, alone or batched
+    # (`min_top1_agreement` is then the share of sentences whose top label stays fp32's).
+    max_probability_delta: float = bounded(0.05, lo=0.0, hi=1.0)
 
 
 @dataclass(frozen=True)
 class ExportSection:
-    precision: str = choice("auto", "fp32", "int8", "int4", default="auto")
+    # int8-mixed and int8-nbits are encoder schemes (`ENCODER_TASKS`), see `ENCODER_PRECISIONS`.
+    precision: str = choice("auto", "fp32", "int8", "int4", "int8-mixed", "int8-nbits", default="auto")
     block_size: int = field(default=32, metadata={"choices": (16, 32, 64, 128, 256)})
     accuracy_level: int = field(default=4, metadata={"choices": (1, 2, 3, 4)})
     max_context: int = bounded(2048, lo=16, hi=131072)
@@ -151,10 +165,58 @@ class AwsSageMakerTarget:
 
 
 @dataclass(frozen=True)
+class EdgeTarget:
+    """`pkg push` / `pkg rollback`: devices running `python -m runtime agent`; flags override these."""
+
+    devices: list[str] = field(default_factory=list)  # agent URLs, e.g. http://10.0.0.7:8470
+    token_file: str | None = None  # default: $ONNXFN_EDGE_TOKEN
+    ca_file: str | None = None  # CA of https agents
+    client_cert: str | None = None  # for agents started with --client-ca (mutual TLS)
+    client_key: str | None = None
+    chunk_mb: int = bounded(8, lo=1, hi=512)
+
+
+@dataclass(frozen=True)
+class GreengrassTarget:
+    """`pkg deploy --target greengrass`: a Greengrass v2 component (artifacts in S3) deployed to a thing group."""
+
+    region: str | None = None
+    endpoint_url: str | None = None  # every service; $AWS_ENDPOINT_URL_GREENGRASSV2 redirects Greengrass alone
+    thing_group: str | None = None  # required to deploy
+    component_name: str | None = None  # default: onnxfn.NAME
+    mode: str = choice("agent", "worker", default="agent")
+    bucket: str | None = None  # default: onnxfn-NAME-greengrass-ACCOUNT-REGION, created and owned by the deploy
+    port: int = bounded(8470, lo=1, hi=65535)  # agent mode
+    token_secret: str | None = None  # agent mode: Secrets Manager secret holding the agent token
+    token_file: str | None = None  # agent mode: a file on the device holding it
+    queue_url: str | None = None  # worker mode
+    failure_handling: str = choice("ROLLBACK", "DO_NOTHING", default="ROLLBACK")
+    update_timeout_seconds: int = bounded(60, lo=1, hi=86400)
+    install_timeout_seconds: int = bounded(900, lo=30, hi=86400)
+
+
+JETPACK_RELEASES = ("6.1", "6.0")
+
+
+@dataclass(frozen=True)
+class JetsonTarget:
+    """`pkg deploy --target jetson`, run on the Jetson: the agent with TensorRT and CUDA, bundles pushed to it."""
+
+    jetpack: str = choice(*JETPACK_RELEASES, default="6.1")
+    wheel: str | None = None  # the aarch64 onnxruntime-gpu wheel for that JetPack (not on PyPI)
+    bundle_root: str = "/var/lib/onnxfn"  # persistent: bundles and their TensorRT engine caches
+    port: int = bounded(8470, lo=1, hi=65535)
+    token_file: str | None = None  # default: $ONNXFN_EDGE_TOKEN, written to build/NAME/jetson/agent-token
+
+
+@dataclass(frozen=True)
 class TargetsSection:
     local: LocalTarget = field(default_factory=LocalTarget)
     aws_lambda: AwsLambdaTarget = field(default_factory=AwsLambdaTarget, metadata={"key": "aws-lambda"})
     aws_sagemaker: AwsSageMakerTarget = field(default_factory=AwsSageMakerTarget, metadata={"key": "aws-sagemaker"})
+    edge: EdgeTarget = field(default_factory=EdgeTarget)
+    greengrass: GreengrassTarget = field(default_factory=GreengrassTarget)
+    jetson: JetsonTarget = field(default_factory=JetsonTarget)
 
 
 @dataclass(frozen=True)
@@ -217,6 +279,12 @@ def _check_cross_field(spec: FunctionSpec, path: Path) -> None:
     if limit is not None and limit >= spec.export.max_context:
         problems.append(
             f"endpoint.max_prompt_tokens = {limit} must be below export.max_context = {spec.export.max_context}"
+        )
+    allowed = ENCODER_PRECISIONS if spec.model.task in ENCODER_TASKS else DECODER_PRECISIONS
+    if spec.export.precision not in allowed:
+        problems.append(
+            f"export.precision = {spec.export.precision!r} does not apply to model.task = {spec.model.task!r}; "
+            f"choose from {', '.join(allowed)}"
         )
     if not spec.name.replace("-", "").replace("_", "").isalnum():
         problems.append(f"name = {spec.name!r}: use letters, digits, '-' and '_' only")

@@ -27,19 +27,32 @@ KEY_DOCS: dict[str, str] = {
     "`gguf:PATH` (a GGUF file, dequantized to fp32) or `hf:DIR` (a Hugging Face folder with safetensors and "
     "tokenizer.json); relative paths are relative to the function folder.",
     "model.task": "`chat` serves `/v1/chat/completions` with the model's chat template; `completion` serves "
-    "`/v1/completions` only.",
+    "`/v1/completions` only; `embedding` serves `/v1/embeddings` from a sentence-transformers encoder; "
+    "`classification` serves `/v1/classify` from a Hugging Face `*ForSequenceClassification` encoder (labels "
+    "from its config's `id2label`).",
     "model.architecture": "Overrides `config.json`'s `model_type` when the exporter should treat the model as "
     "another architecture.",
     "export": "How `pkg build` turns the model into the bundle's ONNX graph.",
-    "export.precision": "Weight precision. `auto` tries int4, then int8, then fp32 and keeps the first whose "
-    "measured quality stays inside `[export.quality]`.",
+    "export.precision": "Weight precision. For generative models `auto` tries int4, then int8, then fp32; for "
+    "encoders int8 (dynamic), int8-mixed (sensitive layers kept fp32), int8-nbits (MatMulNBits 8-bit), fp32; "
+    "it keeps the first whose measured quality stays inside `[export.quality]`.",
     "export.block_size": "Quantization block size of MatMulNBits weights (smaller = more accurate, larger file).",
     "export.accuracy_level": "MatMulNBits compute type: 1 fp32, 2 fp16, 3 bf16, 4 int8 activations.",
     "export.max_context": "Longest sequence (prompt + completion) the graph and the KV cache are built for.",
     "export.quality": "The quality budget a quantized candidate must meet against the fp32 reference.",
-    "export.quality.min_top1_agreement": "Share of teacher-forced positions whose top-1 token equals fp32's.",
+    "export.quality.min_top1_agreement": "Share of teacher-forced positions whose top-1 token equals fp32's; "
+    "for classifiers, share of the fixed sentences (alone and batched) whose top label equals fp32's.",
     "export.quality.max_mean_kl": "Mean KL divergence (nats) of next-token distributions against fp32.",
     "export.quality.max_perplexity_increase_pct": "Allowed perplexity increase on the held-out text, in percent.",
+    "export.quality.min_mean_cosine": "Encoders: mean cosine similarity of embeddings to fp32's on the fixed "
+    "sentence set.",
+    "export.quality.min_cosine": "Encoders: lowest cosine similarity to fp32 of any sentence in the set.",
+    "export.quality.min_neighbour_agreement": "Encoders: share of sentences whose nearest neighbour in the set "
+    "stays the same as with fp32.",
+    "export.quality.min_batch_cosine": "Encoders: lowest cosine between a sentence embedded alone and inside a "
+    "padded batch (concurrent requests share forwards, so the answer must not depend on the neighbours).",
+    "export.quality.max_probability_delta": "Classifiers: largest difference of any label's probability from "
+    "fp32's on the fixed sentence set, each sentence alone and inside a padded batch.",
     "runtime": "How the runtime serves the bundle on every target.",
     "runtime.max_batch": "Sequences decoded together (KV-cache slots).",
     "runtime.max_queue": "Requests waiting for a slot before new ones get HTTP 429 with `Retry-After`.",
@@ -100,6 +113,46 @@ KEY_DOCS: dict[str, str] = {
     "targets.aws-sagemaker.neuron.sequence_length": "Compiled sequence length.",
     "targets.aws-sagemaker.neuron.num_cores": "NeuronCores the model is sharded over.",
     "targets.aws-sagemaker.neuron.auto_cast_type": "Precision the Neuron compiler casts to.",
+    "targets.edge": "Devices running the edge agent (`python -m runtime agent`), for `pkg push` and `pkg rollback`; "
+    "command-line flags override these.",
+    "targets.edge.devices": "Agent URLs, e.g. `http://10.0.0.7:8470`; a push goes to all of them in parallel.",
+    "targets.edge.token_file": "File holding the agent token (the one the agents' `--token-file` reads); "
+    "default: `$ONNXFN_EDGE_TOKEN`.",
+    "targets.edge.ca_file": "CA certificate that signed https agents' certificates.",
+    "targets.edge.client_cert": "Client certificate for agents started with `--client-ca` (mutual TLS).",
+    "targets.edge.client_key": "Private key of `client_cert`.",
+    "targets.edge.chunk_mb": "Upload chunk size; an interrupted push resumes at the last complete chunk.",
+    "targets.greengrass": "An AWS IoT Greengrass v2 component (artifacts in S3) deployed to a thing group's core "
+    "devices; see docs/targets/edge.md for what is and is not verified.",
+    "targets.greengrass.region": "AWS region (default: boto3's).",
+    "targets.greengrass.endpoint_url": "AWS endpoint for every service (default: `$AWS_ENDPOINT_URL`); "
+    "`$AWS_ENDPOINT_URL_GREENGRASSV2` redirects Greengrass alone.",
+    "targets.greengrass.thing_group": "Thing group whose core devices run the component; required, and must exist.",
+    "targets.greengrass.component_name": "Component name (default `onnxfn.NAME`); letters, digits, `.`, `-`, `_`.",
+    "targets.greengrass.mode": "`agent`: the edge agent serves HTTP and installs the bundle with its smoke test; "
+    "`worker`: the SQS queue worker.",
+    "targets.greengrass.bucket": "S3 bucket for the artifacts; unset = `onnxfn-NAME-greengrass-ACCOUNT-REGION`, "
+    "created, and deleted by `pkg destroy` (a named bucket only loses this function's objects).",
+    "targets.greengrass.port": "Agent port on the devices (component configuration `Port`).",
+    "targets.greengrass.token_secret": "Agent mode: Secrets Manager secret holding the agent token, read on the "
+    "device with the Token Exchange Service's credentials. Exactly one of this and `token_file`.",
+    "targets.greengrass.token_file": "Agent mode: path of a file on the devices holding the agent token.",
+    "targets.greengrass.queue_url": "Worker mode: the SQS queue the devices consume; required there.",
+    "targets.greengrass.failure_handling": "What Greengrass does when a device fails the deployment: `ROLLBACK` "
+    "to the previous component versions, or `DO_NOTHING`.",
+    "targets.greengrass.update_timeout_seconds": "How long running components get to reach a safe point before an "
+    "update (component update policy).",
+    "targets.greengrass.install_timeout_seconds": "Timeout of the `Install` step (pip installs the runtime's "
+    "dependencies once per requirements file).",
+    "targets.jetson": "`pkg deploy --target jetson`, run on an NVIDIA Jetson: the edge agent with the TensorRT, "
+    "CUDA and CPU providers; refused, with the reasons, anywhere else.",
+    "targets.jetson.jetpack": "JetPack release: picks the L4T base image of the Docker context.",
+    "targets.jetson.wheel": "NVIDIA's aarch64 onnxruntime-gpu wheel for that JetPack (not on PyPI); set = also "
+    "write the Docker context to `build/NAME/jetson/image`.",
+    "targets.jetson.bundle_root": "Agent bundle root on the device; keep it on persistent storage: TensorRT's "
+    "engine caches live beside each bundle, so an engine is built once per device and bundle.",
+    "targets.jetson.port": "Agent port.",
+    "targets.jetson.token_file": "File holding the agent token (default: `$ONNXFN_EDGE_TOKEN`).",
     "image": "Present = `pkg build` also writes an OCI image of the bundle (and pushes it when `registry` is set).",
     "image.platforms": "Platforms to build.",
     "image.registry": "`HOST[:PORT]/REPOSITORY[:TAG]` to push to; credentials come from the environment.",

@@ -18,6 +18,8 @@ TARGET_MODULES = {
     "local": "packager.deploy.local",
     "aws-lambda": "packager.deploy.aws_lambda",
     "aws-sagemaker": "packager.deploy.aws_sagemaker",
+    "greengrass": "packager.deploy.greengrass",
+    "jetson": "packager.deploy.jetson",
 }
 TARGETS = tuple(TARGET_MODULES)
 

@@ -1,0 +1,174 @@
+"""The agent's own HTTP API under `/agent`, every route behind the agent token.
+
+- `HEAD /agent/uploads/{sha256}`: 200 with `Upload-Offset` (bytes received) and `Upload-Length`, or 404.
+- `PUT /agent/uploads/{sha256}` with `Content-Range: bytes START-END/TOTAL`: append a chunk; START must be
+  the current offset (416 with `Upload-Offset` otherwise). Answers 204 with the new `Upload-Offset`.
+- `POST /agent/uploads/{sha256}/install`: verify, unpack, load, smoke-test and switch (see `install`).
+- `POST /agent/rollback`: serve the previous bundle again.
+- `GET /agent/status`: agent version, health, current and previous bundles, install phase, history.
+
+Errors use the OpenAI shape the rest of the runtime speaks: `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from importlib import metadata
+
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from runtime.agent.install import Installer, InstallRefused
+from runtime.agent.layout import CURRENT, PREVIOUS
+from runtime.agent.uploads import ContentRange, UploadError
+from runtime.server.auth import BearerAuth
+from runtime.server.errors import APIError
+
+WRITE_BATCH = 1 << 20  # bytes gathered before one write, so the event loop is not stalled per network read
+LOCK_WAIT = 30.0  # seconds a chunk waits for the previous chunk of the same upload (a dead client's) to end
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def agent_routes(installer: Installer, auth: BearerAuth, drain_timeout: float) -> list[Route]:
+    uploads = installer.uploads
+    locks: dict[str, asyncio.Lock] = {}
+    started = time.time()
+
+    def guarded(handler: Endpoint) -> Endpoint:
+        async def endpoint(request: Request) -> Response:
+            try:
+                auth.check(request.headers.get("authorization"))
+                return await handler(request)
+            except APIError as err:
+                return _error(err)
+            except UploadError as exc:
+                return _error(_api_error(exc.status, str(exc), exc.code, exc.offset))
+            except InstallRefused as exc:
+                return _error(_api_error(exc.status, str(exc), exc.code, exc.offset))
+
+        return endpoint
+
+    async def head_upload(request: Request) -> Response:
+        state = uploads.state(request.path_params["upload_id"])
+        if state is None:
+            return Response(status_code=404)
+        return Response(headers={"Upload-Offset": str(state.offset), "Upload-Length": str(state.size)})
+
+    async def put_chunk(request: Request) -> Response:
+        upload_id = request.path_params["upload_id"]
+        content_range = ContentRange.parse(request.headers.get("content-range"))
+        lock = locks.setdefault(upload_id, asyncio.Lock())
+        try:
+            await asyncio.wait_for(lock.acquire(), LOCK_WAIT)
+        except TimeoutError:
+            raise UploadError(409, "another chunk of this upload is still arriving", code="busy") from None
+        try:
+            state = uploads.begin(upload_id, content_range)
+            received = await _append(request, uploads.open_for_append(upload_id), content_range.length)
+        finally:
+            lock.release()
+        offset = state.offset + received
+        if received != content_range.length:
+            raise UploadError(
+                400,
+                f"the body had {received} bytes, Content-Range announced {content_range.length}",
+                code="short_body",
+                offset=offset,
+            )
+        return Response(status_code=204, headers={"Upload-Offset": str(offset), "Upload-Length": str(state.size)})
+
+    async def install(request: Request) -> Response:
+        report, old = await asyncio.to_thread(installer.install, request.path_params["upload_id"])
+        drain = BackgroundTask(installer.slot.drain, old, drain_timeout)
+        return JSONResponse(report.to_json(), background=drain)
+
+    async def rollback(request: Request) -> Response:
+        report, old = await asyncio.to_thread(installer.rollback)
+        return JSONResponse(report.to_json(), background=BackgroundTask(installer.slot.drain, old, drain_timeout))
+
+    async def status(request: Request) -> Response:
+        slot = installer.slot
+        return JSONResponse(
+            {
+                "agent": {"version": _version(), "pid": os.getpid(), "uptime_seconds": round(time.time() - started)},
+                "health": slot.state,
+                "problem": slot.problem,
+                "current": installer.describe(CURRENT),
+                "previous": installer.describe(PREVIOUS),
+                "install": {"running": installer.phase is not None, "phase": installer.phase},
+                "history": installer.history.recent(),
+            }
+        )
+
+    upload_path = "/agent/uploads/{upload_id}"
+    return [
+        Route(upload_path, guarded(head_upload), methods=["HEAD"]),
+        Route(upload_path, guarded(put_chunk), methods=["PUT"]),
+        Route(upload_path + "/install", guarded(install), methods=["POST"]),
+        Route("/agent/rollback", guarded(rollback), methods=["POST"]),
+        Route("/agent/status", guarded(status), methods=["GET"]),
+    ]
+
+
+def control_app(routes: list[Route], lifespan: Callable[[Starlette], object]) -> Starlette:
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})  # type: ignore[arg-type]
+
+
+async def _append(request: Request, fd: int, limit: int) -> int:
+    """Write the body to `fd` as it arrives; returns the bytes kept (a dropped client keeps what came)."""
+    received = 0
+    pending = bytearray()
+    try:
+        async for chunk in request.stream():
+            if received + len(pending) + len(chunk) > limit:
+                raise UploadError(400, f"the body is longer than Content-Range's {limit} bytes", code="long_body")
+            pending += chunk
+            if len(pending) >= WRITE_BATCH:
+                received += await asyncio.to_thread(_write_all, fd, bytes(pending))
+                pending.clear()
+    except ClientDisconnect:
+        pass  # the bytes that arrived are a valid prefix: keep them, the client resumes from Upload-Offset
+    finally:
+        if pending:
+            received += await asyncio.to_thread(_write_all, fd, bytes(pending))
+        os.close(fd)
+    return received
+
+
+def _write_all(fd: int, data: bytes) -> int:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    return len(data)
+
+
+def _api_error(status: int, message: str, code: str, offset: int | None) -> APIError:
+    headers = {"Upload-Offset": str(offset)} if offset is not None else None
+    error_type = "server_error" if status >= 500 else "invalid_request_error"
+    return APIError(status, message, error_type=error_type, code=code, headers=headers)
+
+
+def _error(err: APIError) -> Response:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = f"{request.method} {request.url.path}: " + (
+        "no such agent route" if exc.status_code == 404 else str(exc.detail)
+    )
+    return _error(APIError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None))
+
+
+def _version() -> str:
+    try:
+        return metadata.version("onnxfn")
+    except metadata.PackageNotFoundError:
+        return "unknown"
