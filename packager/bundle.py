@@ -134,7 +134,7 @@ def _assemble(inputs: BundleInputs, out: Path) -> Manifest:
         known = inputs.export_digests.get(name)
         # Digests recorded when the export was cached; re-hash only files without one.
         files[name] = FileEntry(**known) if known else file_digest(out / name)  # type: ignore[arg-type]
-    if inputs.spec.runtime.providers[:1] == ["cpu"]:
+    if inputs.spec.export.prefill_graph and inputs.spec.runtime.providers[:1] == ["cpu"]:
         # The runtime prefills through this graph on the CPU (fp32 matmuls, last-position logits).
         for name in write_prefill_graph(out, "model.onnx"):
             files[name] = file_digest(out / name)
