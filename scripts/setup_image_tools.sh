@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Install what image builds and their tests need, idempotently: a registry (Debian's docker-registry),
 # debootstrap for the offline base rootfs, qemu-user-static for the arm64 variant, podman + runc and
-# umoci to run images without a Docker daemon. (The `oras` client comes with the packager extra.)
+# umoci to run images without a Docker daemon, iproute2 for the edge tests' network namespaces. (The
+# `oras` client comes with the packager extra.)
 # Needs root for apt-get (CI and these machines run as root). Re-running it is a no-op.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(docker-registry debootstrap podman runc umoci qemu-user-static binfmt-support uidmap)
+PACKAGES=(docker-registry debootstrap podman runc umoci qemu-user-static binfmt-support uidmap iproute2)
 
 missing=()
 for package in "${PACKAGES[@]}"; do
