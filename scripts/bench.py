@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import coldstart, footprint, machine, report, sections
+from benchlib import coldstart, embeddings, footprint, machine, report, sections
 from benchlib.pool import Worker, WorkerError
 from benchlib.prompts import PromptFactory
 from benchlib.systems import REGISTRY
@@ -33,7 +33,7 @@ from benchlib.systems.base import SystemConfig
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE = REPO / "build" / "smollm2-chat" / "bundle"
 FUNCTION_DIR = REPO / "functions" / "smollm2-chat"
-SECTIONS = ("decode", "prefill", "concurrency", "cold", "quality", "memory")
+SECTIONS = ("decode", "prefill", "concurrency", "cold", "quality", "memory", "embeddings")
 FULL = sections.Plan(
     repetitions=5,
     decode_prompt=32,
@@ -225,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
             "mean_decode_context": context,
             "systems": footprint.bandwidth_limits(found, best_bandwidth, context, results["decode"]["systems"]),
         }
+    if "embeddings" in args.sections:
+        progress(started, "embeddings")
+        results["embeddings"] = embeddings.measure(args.threads, quick=args.quick)
+        write_results(results, args.out, contention)
     if "cold" in args.sections:
         progress(started, "cold start")
         text = prompts.take(plan.decode_prompt).text

@@ -11,6 +11,7 @@ import json
 import math
 from typing import Any
 
+from benchlib import embeddings
 from benchlib.systems import SERVERS
 
 BUSY_SHARE = 0.05  # other processes' share of CPU time above which the report warns
@@ -259,6 +260,7 @@ RENDERERS = (
     ("cold", render_cold),
     ("memory", render_memory),
     ("quality", render_quality),
+    ("embeddings", embeddings.render),
 )
 
 

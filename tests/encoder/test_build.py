@@ -86,7 +86,7 @@ def test_auto_picks_the_first_candidate_within_budget_as_measured(embed_build: E
     # Measured: dynamic int8 moves a row's vector with its batch-mates; fp32 and MatMulNBits do not.
     assert candidates["int8"].batch_cosine < 0.99 and candidates["int8-mixed"].batch_cosine < 0.99
     assert candidates["fp32"].mean_cosine == pytest.approx(1.0) and candidates["fp32"].passes
-    assert candidates["int8"].model_bytes < candidates["int8-nbits"].model_bytes < candidates["fp32"].model_bytes
+    assert candidates["int8"].model_bytes < candidates["int8-mixed"].model_bytes < candidates["fp32"].model_bytes
     quality = json.loads((embed_build.bundle / "quality.json").read_text())
     assert quality["chosen"] == chosen.precision == embed_build.manifest.encoder.precision  # type: ignore[union-attr]
     assert [c["precision"] for c in quality["candidates"]] == list(AUTO_ORDER)

@@ -71,7 +71,7 @@ def test_msgpack_envelope_travels_base64_with_its_content_type() -> None:
         (json.dumps({**GOOD, "reply_to": {"s3": "bucket/key"}}), None, "reply_to.s3", "s3://BUCKET/KEY"),
         (json.dumps({**GOOD, "reply_to": {"s3": "s3://bucket/"}}), None, "reply_to.s3", "s3://BUCKET/KEY"),
         (json.dumps({**GOOD, "reply_to": {"ftp": "x"}}), None, "reply_to", "'sqs'"),
-        (json.dumps({**GOOD, "kind": "embedding"}), None, "kind", "chat, completion"),
+        (json.dumps({**GOOD, "kind": "rerank"}), None, "kind", "chat, completion, embedding, classification"),
         (json.dumps({**GOOD, "body": "hi"}), None, "body", "OpenAI chat request object"),
     ],
 )
@@ -88,7 +88,7 @@ def test_malformed_messages_are_rejected_with_the_field_named(
 
 def test_a_malformed_envelope_keeps_what_is_needed_to_report_the_error() -> None:
     with pytest.raises(MalformedMessage) as caught:
-        decode({**GOOD, "kind": "embedding"})
+        decode({**GOOD, "kind": "rerank"})
     assert caught.value.request_id == "r-1"
     assert caught.value.reply is not None
     assert caught.value.reply.reply_to == S3Target("bucket", "results/r-1.json")

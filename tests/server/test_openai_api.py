@@ -151,9 +151,9 @@ def test_streamed_completion_with_logprobs_equals_the_whole(client: openai.OpenA
         ({"n": 5}, "n", None),
         ({"top_logprobs": 2}, "top_logprobs", None),
         ({"stream_options": {"include_usage": True}}, "stream_options", None),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "unsupported_parameter"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name", None),
         ({"extra_body": {"max_token": 3}}, "max_token", "unknown_parameter"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", None),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id", "missing_required_parameter"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
             "messages[0].content[0].type",
