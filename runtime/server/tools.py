@@ -147,10 +147,14 @@ def with_tools_prompt(messages: tuple[dict[str, str], ...], request: ToolRequest
 def history_message(reader: BodyReader, role: str, content: str) -> dict[str, str] | None:
     """An assistant message with `tool_calls` or a `tool` result as template text; None for other messages."""
     calls = reader.raw("tool_calls")
+    if calls not in (None, []) and role != "assistant":
+        raise invalid_param(
+            reader.name("tool_calls"), f"'{reader.name('tool_calls')}' is only allowed on assistant messages"
+        )
     if role == "tool":
         result = {"tool_call_id": reader.string("tool_call_id", required=True), "content": content}
         return {"role": "user", "content": f"<tool_response>{json.dumps(result, ensure_ascii=False)}</tool_response>"}
-    if role != "assistant" or calls in (None, []):
+    if calls in (None, []):
         return None
     if not isinstance(calls, list):
         raise invalid_param(reader.name("tool_calls"), f"'{reader.name('tool_calls')}' must be a list")

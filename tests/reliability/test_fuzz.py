@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 
+import httpx
+import msgpack
 import pytest
 
 from tests.reliability.conftest import assert_serves
-from tests.reliability.fuzzing import run_fuzz
+from tests.reliability.fuzzing import MSGPACK, run_fuzz, stream_problem
 from tests.reliability.live import LiveServer
 
 pytestmark = pytest.mark.real_model
@@ -21,5 +23,13 @@ def test_generated_requests_get_declared_answers_and_never_a_5xx(live: LiveServe
     assert report.failures == [], "\n".join(report.failures[:10])
     # Both wire formats and the generating routes were really exercised, streams included.
     assert report.media["application/json"] > 0 and report.media["application/msgpack"] > 0
-    assert report.statuses[200] > 0 and report.statuses[400] > 0 and report.streams > 0
+    # Which generated cases stream depends on what the generator draws; the framing of both stream formats
+    # is checked on fixed requests as well, so this test never depends on that draw.
+    assert report.statuses[200] > 0 and report.statuses[400] > 0
     assert_serves(live)
+    body = {"model": live.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": True}
+    sse = httpx.post(live.url + "/v1/chat/completions", json=body, headers=live.auth, timeout=60)
+    assert sse.status_code == 200 and stream_problem(sse.content, sse.headers["content-type"]) is None
+    headers = {**live.auth, "Content-Type": MSGPACK, "Accept": MSGPACK}
+    packed = httpx.post(live.url + "/v1/chat/completions", content=msgpack.packb(body), headers=headers, timeout=60)
+    assert packed.status_code == 200 and stream_problem(packed.content, packed.headers["content-type"]) is None
