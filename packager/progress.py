@@ -7,12 +7,17 @@ time and whether it came from the cache end up in the final summary table.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from packager.spec import FunctionSpec
 
 
 @dataclass
@@ -62,3 +67,34 @@ class StepProgress:
         record.seconds = time.perf_counter() - start
         mark = "[dim](cached)[/]" if record.cached else ""
         self.console.print(f"[green]✓[/] {description} {mark} [dim]{record.seconds:.1f}s[/]", highlight=False)
+
+
+class _Candidate(Protocol):
+    precision: str
+    failures: Sequence[str]
+
+
+class _Built(Protocol):
+    """What every build result (decoder or encoder) offers the summary's last lines."""
+
+    spec: FunctionSpec
+    candidates: Sequence[_Candidate]
+    bundle: Path
+    bundle_reused: bool
+
+
+def print_build_outcome(console: Console, result: _Built, progress: StepProgress, elapsed: float) -> None:
+    """The tail of every `pkg build` summary: why candidates failed, the steps with their cache use, the bundle."""
+    for candidate in result.candidates:
+        for failure in candidate.failures:
+            console.print(f"  [red]{candidate.precision}[/]: {failure}", highlight=False)
+    steps = Table(title="steps")
+    for column in ("step", "seconds", "cache"):
+        steps.add_column(column)
+    for record in progress.records:
+        steps.add_row(record.name, f"{record.seconds:.1f}", "reused" if record.cached else "built")
+    steps.add_row("[bold]total[/]", f"[bold]{elapsed:.1f}[/]", "")
+    console.print(steps)
+    state = "reused unchanged" if result.bundle_reused else "written"
+    console.print(f"bundle {state}: [bold]{result.bundle}[/]", highlight=False)
+    console.print(f"serve it with: pkg deploy {result.spec.directory} --target local", highlight=False)

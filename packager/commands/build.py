@@ -13,7 +13,7 @@ from rich.table import Table
 if TYPE_CHECKING:
     from packager.build import BuildResult
 
-from packager.progress import StepProgress
+from packager.progress import StepProgress, print_build_outcome
 from packager.spec import ENCODER_TASKS, FunctionSpec, load_spec
 
 console = Console()
@@ -98,20 +98,7 @@ def _print_summary(result: BuildResult, progress: StepProgress, elapsed: float) 
             "[green]chosen[/]" if c is result.chosen else verdict,
         )
     console.print(quality)
-    for c in result.candidates:
-        for failure in c.failures:
-            console.print(f"  [red]{c.precision}[/]: {failure}", highlight=False)
-
-    steps = Table(title="steps")
-    for column in ("step", "seconds", "cache"):
-        steps.add_column(column)
-    for record in progress.records:
-        steps.add_row(record.name, f"{record.seconds:.1f}", "reused" if record.cached else "built")
-    steps.add_row("[bold]total[/]", f"[bold]{elapsed:.1f}[/]", "")
-    console.print(steps)
-    state = "reused unchanged" if result.bundle_reused else "written"
-    console.print(f"bundle {state}: [bold]{result.bundle}[/]", highlight=False)
-    console.print(f"serve it with: pkg deploy {result.spec.directory} --target local", highlight=False)
+    print_build_outcome(console, result, progress, elapsed)
 
 
 def _why(result: BuildResult) -> str:

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from packager.encoder.build import EncoderBuildResult
-from packager.progress import StepProgress
+from packager.progress import StepProgress, print_build_outcome
 
 console = Console()
 _FUSED = ("EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu", "FastGelu", "MatMulNBits")
@@ -42,20 +42,7 @@ def print_encoder_summary(result: EncoderBuildResult, progress: StepProgress, el
         verdict = "[green]chosen[/]" if c is result.chosen else ("pass" if c.passes else "[red]fail[/]")
         quality.add_row(c.precision, *c.figures().values(), f"{c.model_bytes / 1e6:.1f}", verdict)
     console.print(quality)
-    for c in result.candidates:
-        for failure in c.failures:
-            console.print(f"  [red]{c.precision}[/]: {failure}", highlight=False)
-
-    steps = Table(title="steps")
-    for column in ("step", "seconds", "cache"):
-        steps.add_column(column)
-    for record in progress.records:
-        steps.add_row(record.name, f"{record.seconds:.1f}", "reused" if record.cached else "built")
-    steps.add_row("[bold]total[/]", f"[bold]{elapsed:.1f}[/]", "")
-    console.print(steps)
-    state = "reused unchanged" if result.bundle_reused else "written"
-    console.print(f"bundle {state}: [bold]{result.bundle}[/]", highlight=False)
-    console.print(f"serve it with: pkg deploy {result.spec.directory} --target local", highlight=False)
+    print_build_outcome(console, result, progress, elapsed)
 
 
 def _why(result: EncoderBuildResult) -> str:
