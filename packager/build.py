@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from packager.bundle import BundleInputs, existing_bundle_key, write_bundle
+from packager.bundle import BundleInputs, reusable_bundle, write_bundle
 from packager.cache import cached_json, digest_of
 from packager.encoder.build import EncoderBuildResult, build_encoder_function
 from packager.errors import UserError
@@ -34,7 +34,7 @@ from packager.verify import (
     torch_parity,
     write_quality_json,
 )
-from runtime.bundle import FORMAT_VERSION, BundleError, Manifest, open_bundle
+from runtime.bundle import FORMAT_VERSION, Manifest, open_bundle
 
 VERIFY_VERSION = 2  # bump when the quality method changes, to invalidate cached figures
 
@@ -103,7 +103,7 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
     )  # fmt: skip
     target = bundle_dir(spec)
     with progress.step("bundle", f"write and verify bundle {target}") as step:
-        manifest = _reuse_bundle(target, build_key)
+        manifest = reusable_bundle(target, build_key)
         if manifest is not None:
             step.cached("inputs unchanged")
         else:
@@ -176,15 +176,6 @@ def _parity(source: SourceModel, reference: ExportResult, progress: StepProgress
 def _template(export_dir: Path) -> str | None:
     path = export_dir / "chat_template.jinja"
     return path.read_text() if path.is_file() else None
-
-
-def _reuse_bundle(target: Path, build_key: str) -> Manifest | None:
-    if existing_bundle_key(target) != build_key:
-        return None
-    try:
-        return open_bundle(target).manifest
-    except BundleError:
-        return None  # altered since it was built: write it again
 
 
 def _budget_failure(spec: FunctionSpec, candidates: list[CandidateQuality]) -> str:

@@ -21,12 +21,14 @@ from packager.spec import FunctionSpec
 from runtime.bundle import (
     FORMAT_VERSION,
     MANIFEST_NAME,
+    BundleError,
     DecoderIO,
     FileEntry,
     Manifest,
     ModelFacts,
     file_digest,
     manifest_bytes,
+    open_bundle,
 )
 
 MODEL_FILES = ("model.onnx", "model.onnx.data")
@@ -105,6 +107,16 @@ def existing_bundle_key(target: Path) -> str | None:
         return json.loads((target / MANIFEST_NAME).read_text()).get("build_key")
     except (OSError, ValueError):
         return None
+
+
+def reusable_bundle(target: Path, build_key: str) -> Manifest | None:
+    """The manifest of the bundle at `target` if it was built from `build_key` and is intact, else None."""
+    if existing_bundle_key(target) != build_key:
+        return None
+    try:
+        return open_bundle(target).manifest
+    except BundleError:
+        return None  # altered since it was built: write it again
 
 
 def write_bundle(inputs: BundleInputs, target: Path) -> Manifest:

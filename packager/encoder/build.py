@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from packager.bundle import existing_bundle_key
+from packager.bundle import reusable_bundle
 from packager.cache import cached_json, digest_of
 from packager.encoder import classifier, verify
 from packager.encoder.bundle import TOKENIZER_FILE, encoder_facts, write_encoder_bundle
@@ -40,7 +40,7 @@ from packager.progress import StepProgress
 from packager.sources import resolve_source
 from packager.sources.sentence_transformers import read_sentence_encoder_config
 from packager.spec import FunctionSpec
-from runtime.bundle import CLASSIFICATION_TASK, FORMAT_VERSION, BundleError, EncoderFacts, Manifest, open_bundle
+from runtime.bundle import CLASSIFICATION_TASK, FORMAT_VERSION, EncoderFacts, Manifest, open_bundle
 
 # Fastest first, among candidates worth their size. Measured on all-MiniLM-L6-v2, 2 threads: int8 (23 MB)
 # and int8-mixed (33 MB) run at 1.1-1.8x fp32's sentences/s but fail the batch-invariance check;
@@ -120,7 +120,7 @@ def build_encoder_function(spec: FunctionSpec, progress: StepProgress) -> Encode
                           quality_json.decode())  # fmt: skip
     target = bundle_dir(spec)
     with progress.step("bundle", f"write and verify bundle {target}") as step:
-        manifest = _reuse_bundle(target, build_key)
+        manifest = reusable_bundle(target, build_key)
         if manifest is not None:
             step.cached("inputs unchanged")
         else:
@@ -214,15 +214,6 @@ def _quality_json(task_name: str, parity: Parity, candidates: list[Quality], cho
         "method": {"sentences": parity.sentences, **task.method},
     }
     return (json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
-
-
-def _reuse_bundle(target: Path, build_key: str) -> Manifest | None:
-    if existing_bundle_key(target) != build_key:
-        return None
-    try:
-        return open_bundle(target).manifest
-    except BundleError:
-        return None  # altered since it was built: write it again
 
 
 def _budget_failure(spec: FunctionSpec, candidates: list[Quality]) -> str:
