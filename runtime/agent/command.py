@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import socket
 import ssl
 import sys
 import threading
@@ -18,7 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.server.serve import add_model_arguments
+from runtime.server.serve import add_model_arguments, bind
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -60,11 +59,8 @@ def run(args: argparse.Namespace) -> int:
     except (AuthConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-    try:
-        listener = socket.create_server((args.host, args.port), family=family)
-    except OSError as exc:
-        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+    listener = bind(args.host, args.port)
+    if listener is None:
         return 1
     import uvicorn
 

@@ -70,6 +70,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
     engine.add_argument("--providers", help="execution providers in order, comma-separated (cpu,cuda,tensorrt)")
     engine.add_argument(
+        "--speculative",
+        action=argparse.BooleanOptionalAction,
+        help="prompt-lookup speculative decoding for greedy requests decoding alone (default: the engine's, off)",
+    )
+    engine.add_argument(
         "--no-verify", action="store_true", help="never hash the bundle's files (default: once, then a stat check)"
     )
     engine.add_argument("--no-snapshot", action="store_true", help="ignore the bundle's cold-start snapshot")
@@ -93,12 +98,8 @@ def run(args: argparse.Namespace) -> int:
     except (BundleError, AuthConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    # Bind before loading anything: a taken port fails in milliseconds, not after the model has loaded.
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-    try:
-        listener = socket.create_server((args.host, args.port), family=family)
-    except OSError as exc:
-        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+    listener = bind(args.host, args.port)
+    if listener is None:
         return 1
     args.port = listener.getsockname()[1]
     model_name = args.model_name or manifest.function
@@ -187,6 +188,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         overrides["kv_memory_bytes"] = args.kv_memory_mb << 20
     if args.prefix_cache_mb is not None:
         overrides["prefix_cache_bytes"] = args.prefix_cache_mb << 20
+    if args.speculative is not None:
+        overrides["speculative"] = args.speculative
     if args.providers:
         overrides["providers"] = tuple(p.strip() for p in args.providers.split(",") if p.strip())
     return EngineConfig(**overrides)
@@ -279,3 +282,14 @@ def _record_first_step(report: StepReport) -> None:
         end = time.monotonic()
         TIMELINE.record("first_step", end - report.duration, end)
         log.info("%s", TIMELINE.log_line())
+
+
+def bind(host: str, port: int) -> socket.socket | None:
+    """The listening socket, bound before anything loads so a taken port fails in milliseconds, not after the
+    model has loaded; None once the reason is printed."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        print(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return None
