@@ -31,3 +31,16 @@ def demo_bundle() -> Path:
     finally:
         os.chdir(previous)
     return REPO / result.bundle
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight Llama folder (tests/fixtures/tiny_llama.py), shared by every suite that builds one."""
+    from tests.fixtures.tiny_llama import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "hf")
+
+
+def tiny_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's own build cache for tiny models: never the user's, shared so their exports are built once."""
+    return tmp_path_factory.getbasetemp() / "onnxfn-cache"

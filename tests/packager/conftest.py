@@ -4,18 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.tiny_llama import make_tiny_llama
-
-
-@pytest.fixture(scope="session")
-def tiny_hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "hf")
+from tests.conftest import tiny_model_cache
 
 
 @pytest.fixture
 def isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A cache of the session's own, so tiny-model tests never touch (or reuse) the user's cache."""
-    cache = tmp_path_factory.getbasetemp() / "onnxfn-cache"
+    cache = tiny_model_cache(tmp_path_factory)
     monkeypatch.setenv("ONNXFN_CACHE_DIR", str(cache))
     return cache
 
