@@ -20,3 +20,7 @@ class EngineConfig:
     # Run prompts through the bundle's prefill graph when it has one and the first provider is the CPU:
     # ~2.5x less prefill compute for ~430 MB more memory (fp32 weights) on an int8 bundle.
     prefill_graph: bool = True
+    # Prompt-lookup speculative decoding for greedy requests (engine/speculative.py): up to
+    # `speculative_tokens` drafted tokens verified per decode forward.
+    speculative: bool = False
+    speculative_tokens: int = 3

@@ -31,8 +31,9 @@ from runtime.engine.providers import short_name
 from runtime.engine.request import EngineError, GenerationRequest, InvalidRequestError, SequenceOutput
 from runtime.engine.runner import ModelRunner
 from runtime.engine.sampling import SequenceSampler
-from runtime.engine.scheduler import RequestState, Scheduler, SequenceState
+from runtime.engine.scheduler import RequestState, Scheduler, SequenceState, SequenceStatus
 from runtime.engine.session import PREFILL_MODEL_FILE, DecoderSession, SessionBuild, SessionOptions
+from runtime.engine.speculative import PromptLookup
 from runtime.engine.stream import RequestStream
 from runtime.engine.tokenizer import Tokenizer
 from runtime.engine.validation import validate_request
@@ -66,6 +67,8 @@ class EngineStats:
     tokens_out: int
     steps: int
     last_batch_size: int
+    draft_tokens: int = 0  # drafted by prompt lookup and verified
+    accepted_draft_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -117,9 +120,10 @@ class Engine:
         self._prefix_cache = PrefixCache(config.prefix_block_size, config.prefix_cache_bytes)
         decoder = DecoderSession(
             session, facts.io, facts.num_layers, self._pool.tensors, facts.vocab_size, config.max_batch,
-            config.prefill_chunk, prefill_session,
+            config.prefill_chunk, prefill_session, 1 + config.speculative_tokens if config.speculative else 1,
         )  # fmt: skip
-        self._runner = ModelRunner(decoder, self._pool, self._prefix_cache)
+        self._drafter = PromptLookup(config.speculative_tokens) if config.speculative else None
+        self._runner = ModelRunner(decoder, self._pool, self._prefix_cache, self._drafter)
         self._scheduler = Scheduler(
             self._pool, self._prefix_cache, config.max_queue, config.prefill_chunk, prefill_session is None
         )
@@ -238,6 +242,8 @@ class Engine:
             tokens_out=self._tokens_out,
             steps=self._steps,
             last_batch_size=self._last_batch,
+            draft_tokens=self._drafter.stats.drafted if self._drafter is not None else 0,
+            accepted_draft_tokens=self._drafter.stats.accepted if self._drafter is not None else 0,
         )
 
     # The step loop.
@@ -274,7 +280,11 @@ class Engine:
         now = time.perf_counter()
         first_tokens: list[float] = []
         finished: list[RequestTiming] = []
+        produced = 0
         for seq, choice in results:
+            if seq.status is SequenceStatus.FINISHED:
+                continue  # accepted drafts after the token that ended the sequence
+            produced += 1
             group = seq.group
             if group.first_token_at is None:
                 group.first_token_at = now
@@ -287,7 +297,7 @@ class Engine:
             self._push(group, output, now)
         prefill_tokens = sum(c.stop - c.start for c in work.prefills)
         self._tokens_in += prefill_tokens
-        self._tokens_out += len(results)
+        self._tokens_out += produced
         self._steps += 1
         self._last_batch = len(work.decode)
         report = StepReport(

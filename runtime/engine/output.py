@@ -39,6 +39,11 @@ class OutputProcessor:
         self._max_completion = min(params.max_tokens, max_context - prompt_tokens)
         self.completion_tokens = 0
 
+    @property
+    def remaining_tokens(self) -> int:
+        """Tokens this sequence may still produce before its length limit."""
+        return self._max_completion - self.completion_tokens
+
     def process(self, choice: TokenChoice) -> SequenceOutput:
         token = choice.token_id
         self.completion_tokens += 1

@@ -1,4 +1,7 @@
-"""Execute a `SchedulerOutput`: prefill chunks in their slots, then one batched decode step."""
+"""Execute a `SchedulerOutput`: prefill chunks in their slots, then one batched decode step.
+
+With a `PromptLookup`, the decode step verifies drafted tokens when the drafter judges it worth it.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +12,17 @@ from runtime.engine.request import EngineError
 from runtime.engine.sampling import TokenChoice, sample
 from runtime.engine.scheduler import PrefillChunk, SchedulerOutput, SequenceState, SequenceStatus
 from runtime.engine.session import DecoderSession
+from runtime.engine.speculative import PromptLookup
 
 
 class ModelRunner:
-    def __init__(self, session: DecoderSession, pool: KVPool, prefix_cache: PrefixCache) -> None:
+    def __init__(
+        self, session: DecoderSession, pool: KVPool, prefix_cache: PrefixCache, drafter: PromptLookup | None = None
+    ) -> None:
         self._session = session
         self._pool = pool
         self._prefix_cache = prefix_cache
+        self._drafter = drafter
 
     def execute(self, work: SchedulerOutput) -> list[tuple[SequenceState, TokenChoice]]:
         """Run the step; returns each sequence that produced a token, with the token."""
@@ -54,6 +61,11 @@ class ModelRunner:
         next prefill chunk overwrites anyway.
         """
         rows = work.decode_rows
+        if self._drafter is not None and rows == 1:
+            (seq,) = work.decode  # one row and a sequence decoding in it: no passengers
+            draft = self._drafter.propose(seq, self._pool.max_context - seq.num_computed)
+            if draft is not None:
+                return self._verify(seq, draft)
         input_ids = np.zeros(rows, dtype=np.int64)
         lengths = np.ones(rows, dtype=np.int64)
         for seq in work.passengers:
@@ -69,6 +81,18 @@ class ModelRunner:
             seq.num_computed += 1
             self._accept(seq, choice)
         return list(zip(work.decode, choices, strict=True))
+
+    def _verify(self, seq: SequenceState, draft: np.ndarray) -> list[tuple[SequenceState, TokenChoice]]:
+        """Feed `[next token, draft...]` to the one decoding row; yields 1 + accepted tokens.
+
+        Rejected drafts leave KV past the accepted length, which the mask hides and later steps overwrite.
+        """
+        assert self._drafter is not None
+        logits = self._session.verify([seq.next_token, *draft.tolist()], seq.num_computed)
+        choices = self._drafter.accept(logits, seq, draft)
+        seq.num_computed += len(choices)  # the fed token and every accepted draft
+        seq.next_token = choices[-1].token_id
+        return [(seq, choice) for choice in choices]
 
     def compute_prefix(self, token_ids: list[int], chunk: int) -> np.ndarray:
         """The KV of `token_ids` at positions `0..`, prefilled in a free slot that is released again.

@@ -18,6 +18,7 @@ from runtime.engine.kv_cache import KVPool, PrefixCache
 from runtime.engine.output import OutputProcessor
 from runtime.engine.request import EngineOverloadedError, GenerationRequest
 from runtime.engine.sampling import SequenceSampler
+from runtime.engine.speculative import DraftState
 
 
 class SequenceStatus(Enum):
@@ -39,6 +40,7 @@ class SequenceState:
     slot: int = -1
     num_computed: int = 0  # positions whose KV is in the slot
     next_token: int = -1  # sampled, not yet fed to the model
+    draft: DraftState = field(default_factory=DraftState)  # prompt-lookup drafting record
 
     def token_ids(self) -> list[int]:
         return [*self.group.request.prompt_token_ids, *self.sampler.output_token_ids]

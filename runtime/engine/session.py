@@ -98,8 +98,12 @@ class DecoderSession:
         max_rows: int,
         max_chunk: int,
         prefill_session: ort.InferenceSession | None = None,
+        max_width: int = 1,
     ) -> None:
-        """`prefill_session`: the graph prompts run through (default `session`), with the same inputs and outputs."""
+        """`prefill_session`: the graph prompts run through (default `session`), with the same inputs and outputs.
+
+        `max_width`: the most positions one `verify` computes (1 without speculative decoding).
+        """
         self._session = session
         self._prefill_session = prefill_session or session
         self._prefill_rows = _logits_rows(self._prefill_session, io.logits)
@@ -111,9 +115,10 @@ class DecoderSession:
         self._bindings: dict[tuple[int, int, int], ort.IOBinding] = {}
         max_context = self._cache[0].shape[2]
         self._vocab_size = vocab_size
-        # Decode writes `[rows, 1, V]`, prefill `[1, chunk, V]`: one buffer covers both shapes.
-        self._logits = np.empty(max(max_rows, max_chunk) * vocab_size, dtype=np.float32)
-        self._ids = np.zeros(max(max_rows, max_chunk), dtype=np.int64)
+        # Decode writes `[rows, 1, V]`, verify `[1, width, V]`, prefill `[1, chunk, V]`: one buffer covers all.
+        positions = max(max_rows, max_width, max_chunk)
+        self._logits = np.empty(positions * vocab_size, dtype=np.float32)
+        self._ids = np.zeros(positions, dtype=np.int64)
         self._mask = np.zeros(max_rows * (max_context + 1), dtype=np.int64)
         self._positions = np.arange(max_context + 1, dtype=np.int64)
         self._pointers = (self._logits.ctypes.data, self._ids.ctypes.data, self._mask.ctypes.data)
@@ -142,6 +147,19 @@ class DecoderSession:
         mask = self._mask[: rows * width].reshape(rows, width)
         np.less(self._positions[:width], lengths[:, None], out=mask, casting="unsafe")
         return self._run(self._session, 0, rows, (rows, 1), (rows, width), 1).reshape(rows, self._vocab_size)
+
+    def verify(self, token_ids: Sequence[int], past: int) -> np.ndarray:
+        """The decode graph on `token_ids` at positions `past..` of pool row 0; returns logits `[len, vocab]`.
+
+        Attention is causal among the new positions, so each one's logits are what a decode step would
+        compute there, up to float rounding: ONNX Runtime's attention takes another kernel path for
+        several new tokens than for one. Only row 0 of a one-row batch: the CPU GroupQueryAttention
+        rejects several new tokens per row with past context in a larger batch.
+        """
+        count = len(token_ids)
+        self._ids[:count] = token_ids
+        self._mask[: past + count] = 1
+        return self._run(self._session, 0, 1, (1, count), (1, past + count), count).reshape(count, self._vocab_size)
 
     def _run(
         self,
