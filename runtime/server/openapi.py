@@ -85,6 +85,13 @@ def _both(schema: Schema) -> dict[str, Any]:
     return {JSON_TYPE: {"schema": schema}, MSGPACK_TYPE: {"schema": schema}}
 
 
+_SSE_EVENT: Schema = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
+}
+
+
 def generation_operation(summary: str, body: str, result: str, chunk: str) -> dict[str, Any]:
     """A POST that generates: `body` in either format; `result`, or a stream of `chunk`s, out."""
     stream_of_maps = {"type": "array", "items": ref(chunk), "minItems": 2}
@@ -97,7 +104,9 @@ def generation_operation(summary: str, body: str, result: str, chunk: str) -> di
                 "content": {
                     JSON_TYPE: {"schema": ref(result)},
                     # SSE frames `data: {chunk}` … `data: [DONE]`; msgpack writes the chunk maps back to back.
-                    EVENT_STREAM_TYPE: {"schema": {"type": "string"}},
+                    # Described per event, as SSE tooling (schemathesis among it) reads it: `data` is a chunk
+                    # as JSON text, or `[DONE]`.
+                    EVENT_STREAM_TYPE: {"schema": _SSE_EVENT},
                     MSGPACK_TYPE: {"schema": {"anyOf": [ref(result), stream_of_maps]}},
                 },
             },
