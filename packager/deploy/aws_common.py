@@ -104,6 +104,11 @@ def _known_region(session: Any, region: str) -> bool:
     )
 
 
+def error_code(exc: Any) -> str:
+    """The error code AWS answered with (`ResourceNotFoundException`, `NoSuchBucket`, `404`, ...), or ""."""
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
 @contextmanager
 def aws_errors(context: AwsContext, action: str) -> Iterator[None]:
     """Turn botocore's exceptions into one precise `UserError`: what was being done, and what to change."""
@@ -113,8 +118,7 @@ def aws_errors(context: AwsContext, action: str) -> Iterator[None]:
     try:
         yield
     except botocore.exceptions.ClientError as exc:
-        error = exc.response.get("Error", {})
-        code, message = str(error.get("Code", "")), str(error.get("Message", exc))
+        code, message = error_code(exc), str(exc.response.get("Error", {}).get("Message", exc))
         if code in CREDENTIAL_CODES:
             hint = "the AWS credentials were refused: check AWS_ACCESS_KEY_ID / AWS_PROFILE and that they are current"
         elif code in QUOTA_CODES or any(m.lower() in message.lower() for m in QUOTA_MESSAGES):

@@ -9,7 +9,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from packager.deploy.aws_common import AwsContext, Resource, wait_until
+from packager.deploy.aws_common import AwsContext, Resource, error_code, wait_until
 from packager.errors import UserError
 
 PUBLIC_URL_STATEMENT = "onnxfn-public-function-url"
@@ -18,17 +18,13 @@ CODE_FIELDS = ("image_uri", "architecture")
 CONFIG_FIELDS = ("role", "memory_mb", "timeout_seconds", "ephemeral_storage_mb", "environment", "command")
 
 
-def _code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
-
-
 class QueueDriver:
     def read(self, context: AwsContext, resource: Resource) -> dict[str, Any] | None:
         sqs = context.client("sqs")
         try:
             url = sqs.get_queue_url(QueueName=resource.name)["QueueUrl"]
         except ClientError as exc:
-            if "NonExistentQueue" in _code(exc) or _code(exc) == "QueueDoesNotExist":
+            if "NonExistentQueue" in error_code(exc) or error_code(exc) == "QueueDoesNotExist":
                 return None
             raise
         attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
@@ -60,7 +56,7 @@ class QueueDriver:
         try:
             sqs.delete_queue(QueueUrl=sqs.get_queue_url(QueueName=name)["QueueUrl"])
         except ClientError as exc:
-            if "NonExistentQueue" in _code(exc) or _code(exc) == "QueueDoesNotExist":
+            if "NonExistentQueue" in error_code(exc) or error_code(exc) == "QueueDoesNotExist":
                 return False
             raise
         return True
@@ -84,7 +80,7 @@ class FunctionDriver:
         try:
             function = context.client("lambda").get_function(FunctionName=resource.name)
         except ClientError as exc:
-            if _code(exc) == "ResourceNotFoundException":
+            if error_code(exc) == "ResourceNotFoundException":
                 return None
             raise
         config = function["Configuration"]
@@ -114,7 +110,7 @@ class FunctionDriver:
                 context.client("lambda").create_function(**arguments)
                 break
             except ClientError as exc:
-                propagating = _code(exc) == "InvalidParameterValueException" and "assume" in str(exc)
+                propagating = error_code(exc) == "InvalidParameterValueException" and "assume" in str(exc)
                 if not propagating or time.monotonic() > deadline:
                     raise
                 time.sleep(3)
@@ -146,7 +142,7 @@ class FunctionDriver:
         try:
             context.client("lambda").delete_function(FunctionName=name)
         except ClientError as exc:
-            if _code(exc) == "ResourceNotFoundException":
+            if error_code(exc) == "ResourceNotFoundException":
                 return False
             raise
         return True
@@ -186,7 +182,7 @@ class AliasDriver:
         try:
             found = context.client("lambda").get_alias(FunctionName=function, Name=alias)
         except ClientError as exc:
-            if _code(exc) == "ResourceNotFoundException":
+            if error_code(exc) == "ResourceNotFoundException":
                 return None
             raise
         return {"config_digest": str(found.get("Description", "")).removeprefix("onnxfn config ")}
@@ -210,7 +206,7 @@ class AliasDriver:
         try:
             context.client("lambda").delete_alias(FunctionName=function, Name=alias)
         except ClientError as exc:
-            if _code(exc) == "ResourceNotFoundException":
+            if error_code(exc) == "ResourceNotFoundException":
                 return False
             raise
         return True
@@ -236,7 +232,7 @@ class FunctionUrlDriver:
         try:
             config = context.client("lambda").get_function_url_config(FunctionName=function, Qualifier=alias)
         except ClientError as exc:
-            if _code(exc) == "ResourceNotFoundException":
+            if error_code(exc) == "ResourceNotFoundException":
                 return None
             raise
         return {"auth_type": config["AuthType"], "invoke_mode": config.get("InvokeMode", "BUFFERED")}
@@ -260,7 +256,7 @@ class FunctionUrlDriver:
         try:
             context.client("lambda").delete_function_url_config(FunctionName=function, Qualifier=alias)
         except ClientError as exc:
-            if _code(exc) == "ResourceNotFoundException":
+            if error_code(exc) == "ResourceNotFoundException":
                 return False
             raise
         return True
@@ -276,7 +272,7 @@ class FunctionUrlDriver:
         try:
             client.remove_permission(FunctionName=function, Qualifier=alias, StatementId=PUBLIC_URL_STATEMENT)
         except ClientError as exc:
-            if _code(exc) != "ResourceNotFoundException":
+            if error_code(exc) != "ResourceNotFoundException":
                 raise
         if resource.settings["auth_type"] == "NONE":
             client.add_permission(
@@ -359,7 +355,7 @@ class ProvisionedConcurrencyDriver:
         try:
             config = context.client("lambda").get_provisioned_concurrency_config(FunctionName=function, Qualifier=alias)
         except ClientError as exc:
-            if _code(exc) == "ProvisionedConcurrencyConfigNotFoundException":
+            if error_code(exc) == "ProvisionedConcurrencyConfigNotFoundException":
                 return None
             raise
         return {"count": config["RequestedProvisionedConcurrentExecutions"]}
@@ -378,7 +374,7 @@ class ProvisionedConcurrencyDriver:
         try:
             context.client("lambda").delete_provisioned_concurrency_config(FunctionName=function, Qualifier=alias)
         except ClientError as exc:
-            if _code(exc) in ("ProvisionedConcurrencyConfigNotFoundException", "ResourceNotFoundException"):
+            if error_code(exc) in ("ProvisionedConcurrencyConfigNotFoundException", "ResourceNotFoundException"):
                 return False
             raise
         return True

@@ -14,7 +14,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from packager.deploy.aws_common import AwsContext, Resource, tag_list
+from packager.deploy.aws_common import AwsContext, Resource, error_code, tag_list
 from packager.errors import UserError
 from packager.image.layout import INDEX_MEDIA_TYPE, MANIFEST_MEDIA_TYPE
 from packager.image.registry import RegistryAuth, RegistryTarget, connect, push_layout
@@ -24,10 +24,6 @@ from packager.spec import FunctionSpec
 from runtime.bundle import BundleError, read_manifest
 
 INLINE_POLICY = "onnxfn"
-
-
-def _code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
 
 
 def _tags_of(entries: list[dict[str, str]], key: str = "Key", value: str = "Value") -> dict[str, str]:
@@ -42,7 +38,7 @@ class BucketDriver:
         try:
             s3.head_bucket(Bucket=name)
         except ClientError as exc:
-            if _code(exc) in ("404", "NoSuchBucket", "NotFound"):
+            if error_code(exc) in ("404", "NoSuchBucket", "NotFound"):
                 return None
             raise
         current: dict[str, Any] = {"versioning": s3.get_bucket_versioning(Bucket=name).get("Status", "Disabled")}
@@ -109,7 +105,7 @@ class BucketDriver:
                     s3.delete_objects(Bucket=name, Delete={"Objects": doomed, "Quiet": True})
             s3.delete_bucket(Bucket=name)
         except ClientError as exc:
-            if _code(exc) in ("NoSuchBucket", "404"):
+            if error_code(exc) in ("NoSuchBucket", "404"):
                 return False
             raise
         return True
@@ -123,7 +119,7 @@ class RepositoryDriver:
         try:
             repository = ecr.describe_repositories(repositoryNames=[resource.name])["repositories"][0]
         except ClientError as exc:
-            if _code(exc) == "RepositoryNotFoundException":
+            if error_code(exc) == "RepositoryNotFoundException":
                 return None
             raise
         try:
@@ -170,7 +166,7 @@ class RepositoryDriver:
         try:
             context.client("ecr").delete_repository(repositoryName=name, force=True)
         except ClientError as exc:
-            if _code(exc) == "RepositoryNotFoundException":
+            if error_code(exc) == "RepositoryNotFoundException":
                 return False
             raise
         return True
@@ -210,7 +206,7 @@ class RoleDriver:
         try:
             role = iam.get_role(RoleName=resource.name)["Role"]
         except ClientError as exc:
-            if _code(exc) == "NoSuchEntity":
+            if error_code(exc) == "NoSuchEntity":
                 return None
             raise
         try:
@@ -248,7 +244,7 @@ class RoleDriver:
                 iam.delete_role_policy(RoleName=name, PolicyName=policy_name)
             iam.delete_role(RoleName=name)
         except ClientError as exc:
-            if _code(exc) == "NoSuchEntity":
+            if error_code(exc) == "NoSuchEntity":
                 return False
             raise
         return True
@@ -288,7 +284,7 @@ class LogGroupDriver:
         try:
             context.client("logs").delete_log_group(logGroupName=name)
         except ClientError as exc:
-            if _code(exc) == "ResourceNotFoundException":
+            if error_code(exc) == "ResourceNotFoundException":
                 return False
             raise
         return True

@@ -12,7 +12,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from packager.deploy.aws_common import AwsContext, Resource, subset, tag_list, wait_until
+from packager.deploy.aws_common import AwsContext, Resource, error_code, subset, tag_list, wait_until
 from packager.errors import UserError
 
 SERVICE_NAMESPACE = "sagemaker"
@@ -25,13 +25,9 @@ PREDEFINED_METRICS = {
 }
 
 
-def _code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
-
-
 def _missing(exc: ClientError) -> bool:
     """SageMaker says ValidationException ("Could not find ...") for a name that does not exist."""
-    return _code(exc) in ("ValidationException", "ResourceNotFound") and "Could not find" in str(exc)
+    return error_code(exc) in ("ValidationException", "ResourceNotFound") and "Could not find" in str(exc)
 
 
 def _tags(context: AwsContext, arn: str) -> dict[str, str]:
@@ -49,7 +45,7 @@ class ArtifactDriver:
         try:
             head = context.client("s3").head_object(Bucket=bucket, Key=key)
         except ClientError as exc:
-            if _code(exc) in ("404", "NoSuchKey", "NotFound"):
+            if error_code(exc) in ("404", "NoSuchKey", "NotFound"):
                 return None
             raise
         return {"sha256": head.get("Metadata", {}).get("sha256")}

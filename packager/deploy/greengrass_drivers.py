@@ -16,15 +16,11 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from packager.deploy.aws_common import TAG_FUNCTION, AwsContext, Resource
+from packager.deploy.aws_common import TAG_FUNCTION, AwsContext, Resource, error_code
 
 TAG_RECIPE = "onnxfn:recipe-digest"
 LIVE_STATES = ("ACTIVE", "COMPLETED")  # a deployment devices are applying or have applied
 MAX_VERSIONS_READ = 50
-
-
-def _code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
 
 
 def split_object(name: str) -> tuple[str, str]:
@@ -43,7 +39,7 @@ class ArtifactDriver:
         try:
             head = context.client("s3").head_object(Bucket=bucket, Key=key)
         except ClientError as exc:
-            if _code(exc) in ("404", "NoSuchKey", "NotFound", "NoSuchBucket"):
+            if error_code(exc) in ("404", "NoSuchKey", "NotFound", "NoSuchBucket"):
                 return None
             raise
         return {"sha256": head.get("Metadata", {}).get("sha256"), "size": head.get("ContentLength")}
@@ -61,7 +57,7 @@ class ArtifactDriver:
         try:
             context.client("s3").delete_object(Bucket=bucket, Key=key)
         except ClientError as exc:
-            if _code(exc) in ("NoSuchBucket", "404"):
+            if error_code(exc) in ("NoSuchBucket", "404"):
                 return False
             raise
         return True
@@ -78,7 +74,7 @@ def component_versions(context: AwsContext, name: str) -> list[dict[str, Any]]:
         pages = client.get_paginator("list_component_versions").paginate(arn=component_arn(context, name))
         versions = [v for page in pages for v in page.get("componentVersions", [])]
     except ClientError as exc:
-        if _code(exc) == "ResourceNotFoundException":
+        if error_code(exc) == "ResourceNotFoundException":
             return []
         raise
     return sorted(versions, key=lambda v: _semver(v["componentVersion"]), reverse=True)
