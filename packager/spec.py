@@ -82,6 +82,7 @@ class RuntimeSection:
     prefix_cache_mb: int = bounded(128, lo=0)
     prefill_chunk: int = bounded(64, lo=1)
     threads: int = bounded(2, lo=1, hi=256)
+    spin: bool = True
     providers: list[str] = field(
         default_factory=lambda: ["cpu"], metadata={"item_choices": ("cpu", "cuda", "tensorrt")}
     )

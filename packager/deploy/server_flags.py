@@ -19,6 +19,7 @@ def server_flags(spec: FunctionSpec) -> list[str]:
         "--prefix-cache-mb", str(rt.prefix_cache_mb),
         "--prefill-chunk", str(rt.prefill_chunk),
         "--threads", str(rt.threads),
+        "--spin" if rt.spin else "--no-spin",
         "--providers", ",".join(rt.providers),
         "--temperature", str(rt.sampling.temperature),
         "--top-p", str(rt.sampling.top_p),

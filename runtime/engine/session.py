@@ -32,7 +32,7 @@ PREFILL_MODEL_FILE = "prefill.onnx"
 class SessionOptions:
     threads: int = 2
     providers: tuple[str, ...] = ("cpu",)
-    allow_spinning: bool = False
+    allow_spinning: bool = True
 
 
 def create_session(model_path: Path, options: SessionOptions) -> ort.InferenceSession:
@@ -43,6 +43,8 @@ def create_session(model_path: Path, options: SessionOptions) -> ort.InferenceSe
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.allow_spinning else "0")
+    # Spin-wait only inside a run: between decode steps the engine's Python work needs the cores.
+    so.add_session_config_entry("session.force_spinning_stop", "1")
     if plan.tensorrt_cache is not None:
         plan.tensorrt_cache.directory.mkdir(parents=True, exist_ok=True)
         model_path = plan.tensorrt_cache.model_to_load(model_path)

@@ -68,6 +68,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--prefill-chunk", type=int, help="prompt tokens per prefill step")
     engine.add_argument("--max-context", type=int, help="context length cap (default: the model's)")
     engine.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
+    engine.add_argument(
+        "--spin",
+        action=argparse.BooleanOptionalAction,
+        help="ONNX Runtime threads spin-wait inside a forward pass (default: on; --no-spin on shared CPUs)",
+    )
     engine.add_argument("--providers", help="execution providers in order, comma-separated (cpu,cuda,tensorrt)")
     engine.add_argument(
         "--speculative",
@@ -190,6 +195,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         overrides["prefix_cache_bytes"] = args.prefix_cache_mb << 20
     if args.speculative is not None:
         overrides["speculative"] = args.speculative
+    if args.spin is not None:
+        overrides["allow_spinning"] = args.spin
     if args.providers:
         overrides["providers"] = tuple(p.strip() for p in args.providers.split(",") if p.strip())
     return EngineConfig(**overrides)
