@@ -17,9 +17,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from packager.errors import UserError
+
+if TYPE_CHECKING:
+    from botocore.exceptions import ClientError
+
+T = TypeVar("T")
 
 TAG_FUNCTION = "onnxfn:function"
 TAG_BUNDLE = "onnxfn:bundle-digest"
@@ -107,6 +112,19 @@ def _known_region(session: Any, region: str) -> bool:
 def error_code(exc: Any) -> str:
     """The error code AWS answered with (`ResourceNotFoundException`, `NoSuchBucket`, `404`, ...), or ""."""
     return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def if_exists(call: Callable[[], T], *absent: str | Callable[[ClientError], bool]) -> T | None:
+    """`call()`, or None when AWS says the resource is absent (a code or a test in `absent`): gone is an answer."""
+    import botocore.exceptions
+
+    try:
+        return call()  # a boto3 call answers a dict: a delete tells "was there" by `is not None`
+    except botocore.exceptions.ClientError as exc:
+        code = error_code(exc)
+        if any(code == a if isinstance(a, str) else a(exc) for a in absent):
+            return None
+        raise
 
 
 @contextmanager

@@ -9,7 +9,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from packager.deploy.aws_common import AwsContext, Resource, error_code, wait_until
+from packager.deploy.aws_common import AwsContext, Resource, error_code, if_exists, wait_until
 from packager.errors import UserError
 
 PUBLIC_URL_STATEMENT = "onnxfn-public-function-url"
@@ -18,15 +18,17 @@ CODE_FIELDS = ("image_uri", "architecture")
 CONFIG_FIELDS = ("role", "memory_mb", "timeout_seconds", "ephemeral_storage_mb", "environment", "command")
 
 
+def _no_queue(exc: ClientError) -> bool:
+    """SQS names a missing queue `AWS.SimpleQueueService.NonExistentQueue` or `QueueDoesNotExist`."""
+    return "NonExistentQueue" in error_code(exc) or error_code(exc) == "QueueDoesNotExist"
+
+
 class QueueDriver:
     def read(self, context: AwsContext, resource: Resource) -> dict[str, Any] | None:
         sqs = context.client("sqs")
-        try:
-            url = sqs.get_queue_url(QueueName=resource.name)["QueueUrl"]
-        except ClientError as exc:
-            if "NonExistentQueue" in error_code(exc) or error_code(exc) == "QueueDoesNotExist":
-                return None
-            raise
+        url = if_exists(lambda: sqs.get_queue_url(QueueName=resource.name)["QueueUrl"], _no_queue)
+        if url is None:
+            return None
         attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
         redrive = json.loads(attributes["RedrivePolicy"]) if "RedrivePolicy" in attributes else None
         if redrive is not None:
@@ -53,13 +55,8 @@ class QueueDriver:
 
     def delete(self, context: AwsContext, name: str) -> bool:
         sqs = context.client("sqs")
-        try:
-            sqs.delete_queue(QueueUrl=sqs.get_queue_url(QueueName=name)["QueueUrl"])
-        except ClientError as exc:
-            if "NonExistentQueue" in error_code(exc) or error_code(exc) == "QueueDoesNotExist":
-                return False
-            raise
-        return True
+        deleted = if_exists(lambda: sqs.delete_queue(QueueUrl=sqs.get_queue_url(QueueName=name)["QueueUrl"]), _no_queue)
+        return deleted is not None
 
     @staticmethod
     def _attributes(settings: dict[str, Any]) -> dict[str, str]:
@@ -77,12 +74,11 @@ class FunctionDriver:
     """The function from the ECR image; code, configuration and reserved concurrency update in place."""
 
     def read(self, context: AwsContext, resource: Resource) -> dict[str, Any] | None:
-        try:
-            function = context.client("lambda").get_function(FunctionName=resource.name)
-        except ClientError as exc:
-            if error_code(exc) == "ResourceNotFoundException":
-                return None
-            raise
+        function = if_exists(
+            lambda: context.client("lambda").get_function(FunctionName=resource.name), "ResourceNotFoundException"
+        )
+        if function is None:
+            return None
         config = function["Configuration"]
         return {
             "image_uri": function.get("Code", {}).get("ImageUri"),
@@ -139,13 +135,10 @@ class FunctionDriver:
             client.tag_resource(Resource=context.arn("lambda", f"function:{name}"), Tags=settings["tags"])
 
     def delete(self, context: AwsContext, name: str) -> bool:
-        try:
-            context.client("lambda").delete_function(FunctionName=name)
-        except ClientError as exc:
-            if error_code(exc) == "ResourceNotFoundException":
-                return False
-            raise
-        return True
+        deleted = if_exists(
+            lambda: context.client("lambda").delete_function(FunctionName=name), "ResourceNotFoundException"
+        )
+        return deleted is not None
 
     @staticmethod
     def _configuration(settings: dict[str, Any]) -> dict[str, Any]:
@@ -179,12 +172,11 @@ class AliasDriver:
 
     def read(self, context: AwsContext, resource: Resource) -> dict[str, Any] | None:
         function, alias = resource.name.split(":")
-        try:
-            found = context.client("lambda").get_alias(FunctionName=function, Name=alias)
-        except ClientError as exc:
-            if error_code(exc) == "ResourceNotFoundException":
-                return None
-            raise
+        found = if_exists(
+            lambda: context.client("lambda").get_alias(FunctionName=function, Name=alias), "ResourceNotFoundException"
+        )
+        if found is None:
+            return None
         return {"config_digest": str(found.get("Description", "")).removeprefix("onnxfn config ")}
 
     def create(self, context: AwsContext, resource: Resource) -> None:
@@ -203,13 +195,11 @@ class AliasDriver:
 
     def delete(self, context: AwsContext, name: str) -> bool:
         function, alias = name.split(":")
-        try:
-            context.client("lambda").delete_alias(FunctionName=function, Name=alias)
-        except ClientError as exc:
-            if error_code(exc) == "ResourceNotFoundException":
-                return False
-            raise
-        return True
+        deleted = if_exists(
+            lambda: context.client("lambda").delete_alias(FunctionName=function, Name=alias),
+            "ResourceNotFoundException",
+        )
+        return deleted is not None
 
     @staticmethod
     def _publish(context: AwsContext, function: str, digest: str) -> str:
@@ -229,12 +219,12 @@ class FunctionUrlDriver:
 
     def read(self, context: AwsContext, resource: Resource) -> dict[str, Any] | None:
         function, alias = resource.name.split(":")
-        try:
-            config = context.client("lambda").get_function_url_config(FunctionName=function, Qualifier=alias)
-        except ClientError as exc:
-            if error_code(exc) == "ResourceNotFoundException":
-                return None
-            raise
+        config = if_exists(
+            lambda: context.client("lambda").get_function_url_config(FunctionName=function, Qualifier=alias),
+            "ResourceNotFoundException",
+        )
+        if config is None:
+            return None
         return {"auth_type": config["AuthType"], "invoke_mode": config.get("InvokeMode", "BUFFERED")}
 
     def create(self, context: AwsContext, resource: Resource) -> None:
@@ -253,13 +243,11 @@ class FunctionUrlDriver:
 
     def delete(self, context: AwsContext, name: str) -> bool:
         function, alias = name.split(":")
-        try:
-            context.client("lambda").delete_function_url_config(FunctionName=function, Qualifier=alias)
-        except ClientError as exc:
-            if error_code(exc) == "ResourceNotFoundException":
-                return False
-            raise
-        return True
+        deleted = if_exists(
+            lambda: context.client("lambda").delete_function_url_config(FunctionName=function, Qualifier=alias),
+            "ResourceNotFoundException",
+        )
+        return deleted is not None
 
     @staticmethod
     def _arguments(settings: dict[str, Any]) -> dict[str, Any]:
@@ -269,11 +257,10 @@ class FunctionUrlDriver:
     def _permission(context: AwsContext, resource: Resource) -> None:
         function, alias = resource.name.split(":")
         client = context.client("lambda")
-        try:
-            client.remove_permission(FunctionName=function, Qualifier=alias, StatementId=PUBLIC_URL_STATEMENT)
-        except ClientError as exc:
-            if error_code(exc) != "ResourceNotFoundException":
-                raise
+        if_exists(
+            lambda: client.remove_permission(FunctionName=function, Qualifier=alias, StatementId=PUBLIC_URL_STATEMENT),
+            "ResourceNotFoundException",
+        )
         if resource.settings["auth_type"] == "NONE":
             client.add_permission(
                 FunctionName=function, Qualifier=alias, StatementId=PUBLIC_URL_STATEMENT,
@@ -352,12 +339,12 @@ class ProvisionedConcurrencyDriver:
 
     def read(self, context: AwsContext, resource: Resource) -> dict[str, Any] | None:
         function, alias = resource.name.split(":")
-        try:
-            config = context.client("lambda").get_provisioned_concurrency_config(FunctionName=function, Qualifier=alias)
-        except ClientError as exc:
-            if error_code(exc) == "ProvisionedConcurrencyConfigNotFoundException":
-                return None
-            raise
+        config = if_exists(
+            lambda: context.client("lambda").get_provisioned_concurrency_config(FunctionName=function, Qualifier=alias),
+            "ProvisionedConcurrencyConfigNotFoundException",
+        )
+        if config is None:
+            return None
         return {"count": config["RequestedProvisionedConcurrentExecutions"]}
 
     def create(self, context: AwsContext, resource: Resource) -> None:
@@ -371,10 +358,11 @@ class ProvisionedConcurrencyDriver:
 
     def delete(self, context: AwsContext, name: str) -> bool:
         function, alias = name.split(":")
-        try:
-            context.client("lambda").delete_provisioned_concurrency_config(FunctionName=function, Qualifier=alias)
-        except ClientError as exc:
-            if error_code(exc) in ("ProvisionedConcurrencyConfigNotFoundException", "ResourceNotFoundException"):
-                return False
-            raise
-        return True
+        deleted = if_exists(
+            lambda: context.client("lambda").delete_provisioned_concurrency_config(
+                FunctionName=function, Qualifier=alias
+            ),
+            "ProvisionedConcurrencyConfigNotFoundException",
+            "ResourceNotFoundException",
+        )
+        return deleted is not None

@@ -14,7 +14,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from packager.deploy.aws_common import AwsContext, Resource, error_code, tag_list
+from packager.deploy.aws_common import AwsContext, Resource, error_code, if_exists, tag_list
 from packager.errors import UserError
 from packager.image.layout import INDEX_MEDIA_TYPE, MANIFEST_MEDIA_TYPE
 from packager.image.registry import RegistryAuth, RegistryTarget, connect, push_layout
@@ -35,12 +35,8 @@ class BucketDriver:
 
     def read(self, context: AwsContext, resource: Resource) -> dict[str, Any] | None:
         s3, name = context.client("s3"), resource.name
-        try:
-            s3.head_bucket(Bucket=name)
-        except ClientError as exc:
-            if error_code(exc) in ("404", "NoSuchBucket", "NotFound"):
-                return None
-            raise
+        if if_exists(lambda: s3.head_bucket(Bucket=name), "404", "NoSuchBucket", "NotFound") is None:
+            return None
         current: dict[str, Any] = {"versioning": s3.get_bucket_versioning(Bucket=name).get("Status", "Disabled")}
         try:
             rules = s3.get_bucket_encryption(Bucket=name)["ServerSideEncryptionConfiguration"]["Rules"]
@@ -116,12 +112,12 @@ class RepositoryDriver:
 
     def read(self, context: AwsContext, resource: Resource) -> dict[str, Any] | None:
         ecr = context.client("ecr")
-        try:
-            repository = ecr.describe_repositories(repositoryNames=[resource.name])["repositories"][0]
-        except ClientError as exc:
-            if error_code(exc) == "RepositoryNotFoundException":
-                return None
-            raise
+        repository = if_exists(
+            lambda: ecr.describe_repositories(repositoryNames=[resource.name])["repositories"][0],
+            "RepositoryNotFoundException",
+        )
+        if repository is None:
+            return None
         try:
             repository_policy = json.loads(ecr.get_repository_policy(repositoryName=resource.name)["policyText"])
         except ClientError:
@@ -163,13 +159,11 @@ class RepositoryDriver:
             ecr.tag_resource(resourceArn=arn, tags=tag_list(settings["tags"]))
 
     def delete(self, context: AwsContext, name: str) -> bool:
-        try:
-            context.client("ecr").delete_repository(repositoryName=name, force=True)
-        except ClientError as exc:
-            if error_code(exc) == "RepositoryNotFoundException":
-                return False
-            raise
-        return True
+        deleted = if_exists(
+            lambda: context.client("ecr").delete_repository(repositoryName=name, force=True),
+            "RepositoryNotFoundException",
+        )
+        return deleted is not None
 
 
 @dataclass(frozen=True)
@@ -203,12 +197,9 @@ class RoleDriver:
 
     def read(self, context: AwsContext, resource: Resource) -> dict[str, Any] | None:
         iam = context.client("iam")
-        try:
-            role = iam.get_role(RoleName=resource.name)["Role"]
-        except ClientError as exc:
-            if error_code(exc) == "NoSuchEntity":
-                return None
-            raise
+        role = if_exists(lambda: iam.get_role(RoleName=resource.name)["Role"], "NoSuchEntity")
+        if role is None:
+            return None
         try:
             document = iam.get_role_policy(RoleName=resource.name, PolicyName=INLINE_POLICY)["PolicyDocument"]
         except ClientError:
@@ -281,13 +272,10 @@ class LogGroupDriver:
             logs.tag_log_group(logGroupName=resource.name, tags=resource.settings["tags"])
 
     def delete(self, context: AwsContext, name: str) -> bool:
-        try:
-            context.client("logs").delete_log_group(logGroupName=name)
-        except ClientError as exc:
-            if error_code(exc) == "ResourceNotFoundException":
-                return False
-            raise
-        return True
+        deleted = if_exists(
+            lambda: context.client("logs").delete_log_group(logGroupName=name), "ResourceNotFoundException"
+        )
+        return deleted is not None
 
 
 def bucket_resource(name: str, tags: dict[str, str]) -> Resource:

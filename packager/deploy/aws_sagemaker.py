@@ -288,11 +288,10 @@ def status(spec: FunctionSpec) -> TargetStatus | None:
         return TargetStatus(**base, state="failed", detail=f"the last deploy stopped at: {deployment.failed_step}")
     client = context.client("sagemaker")
     with aws.aws_errors(context, f"read SageMaker endpoint {names.endpoint}"):
-        try:
-            endpoint = client.describe_endpoint(EndpointName=names.endpoint)
-        except client.exceptions.ClientError as exc:
-            if "Could not find" not in str(exc):
-                raise
+        endpoint = aws.if_exists(
+            lambda: client.describe_endpoint(EndpointName=names.endpoint), lambda exc: "Could not find" in str(exc)
+        )
+        if endpoint is None:
             return TargetStatus(**base, state="missing", detail="the endpoint no longer exists in AWS; deploy again")
     state = {"InService": "ready", "Creating": "starting", "Updating": "updating", "SystemUpdating": "updating",
              "Failed": "failed"}.get(endpoint["EndpointStatus"], "unresponsive")  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from packager.deploy.aws_common import AwsContext, Resource, error_code, subset, tag_list, wait_until
+from packager.deploy.aws_common import AwsContext, Resource, error_code, if_exists, subset, tag_list, wait_until
 from packager.errors import UserError
 
 SERVICE_NAMESPACE = "sagemaker"
@@ -42,12 +42,11 @@ class ArtifactDriver:
 
     def read(self, context: AwsContext, resource: Resource) -> dict[str, Any] | None:
         bucket, key = resource.name.removeprefix("s3://").split("/", 1)
-        try:
-            head = context.client("s3").head_object(Bucket=bucket, Key=key)
-        except ClientError as exc:
-            if error_code(exc) in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise
+        head = if_exists(
+            lambda: context.client("s3").head_object(Bucket=bucket, Key=key), "404", "NoSuchKey", "NotFound"
+        )
+        if head is None:
+            return None
         return {"sha256": head.get("Metadata", {}).get("sha256")}
 
     def create(self, context: AwsContext, resource: Resource) -> None:
@@ -66,12 +65,9 @@ class ArtifactDriver:
 
 class ModelDriver:
     def read(self, context: AwsContext, resource: Resource) -> dict[str, Any] | None:
-        try:
-            model = context.client("sagemaker").describe_model(ModelName=resource.name)
-        except ClientError as exc:
-            if _missing(exc):
-                return None
-            raise
+        model = if_exists(lambda: context.client("sagemaker").describe_model(ModelName=resource.name), _missing)
+        if model is None:
+            return None
         container = model["PrimaryContainer"]
         return {
             "image": container["Image"],
@@ -96,23 +92,17 @@ class ModelDriver:
         _update_tags_only(context, resource, fields, context.arn("sagemaker", f"model/{resource.name.lower()}"))
 
     def delete(self, context: AwsContext, name: str) -> bool:
-        try:
-            context.client("sagemaker").delete_model(ModelName=name)
-        except ClientError as exc:
-            if _missing(exc):
-                return False
-            raise
-        return True
+        deleted = if_exists(lambda: context.client("sagemaker").delete_model(ModelName=name), _missing)
+        return deleted is not None
 
 
 class EndpointConfigDriver:
     def read(self, context: AwsContext, resource: Resource) -> dict[str, Any] | None:
-        try:
-            config = context.client("sagemaker").describe_endpoint_config(EndpointConfigName=resource.name)
-        except ClientError as exc:
-            if _missing(exc):
-                return None
-            raise
+        config = if_exists(
+            lambda: context.client("sagemaker").describe_endpoint_config(EndpointConfigName=resource.name), _missing
+        )
+        if config is None:
+            return None
         variant = config["ProductionVariants"][0]
         asynchronous = config.get("AsyncInferenceConfig")
         return {
@@ -151,25 +141,21 @@ class EndpointConfigDriver:
         _update_tags_only(context, resource, fields, arn)
 
     def delete(self, context: AwsContext, name: str) -> bool:
-        try:
-            context.client("sagemaker").delete_endpoint_config(EndpointConfigName=name)
-        except ClientError as exc:
-            if _missing(exc):
-                return False
-            raise
-        return True
+        deleted = if_exists(
+            lambda: context.client("sagemaker").delete_endpoint_config(EndpointConfigName=name), _missing
+        )
+        return deleted is not None
 
 
 class EndpointDriver:
     """The endpoint; a new endpoint config switches it in place (UpdateEndpoint), with no downtime."""
 
     def read(self, context: AwsContext, resource: Resource) -> dict[str, Any] | None:
-        try:
-            endpoint = context.client("sagemaker").describe_endpoint(EndpointName=resource.name)
-        except ClientError as exc:
-            if _missing(exc):
-                return None
-            raise
+        endpoint = if_exists(
+            lambda: context.client("sagemaker").describe_endpoint(EndpointName=resource.name), _missing
+        )
+        if endpoint is None:
+            return None
         if endpoint["EndpointStatus"] == "Failed":
             raise UserError(
                 f"SageMaker endpoint {resource.name} is in a failed state: "
@@ -196,13 +182,8 @@ class EndpointDriver:
         _update_tags_only(context, resource, tuple(f for f in fields if f == "tags"), arn)
 
     def delete(self, context: AwsContext, name: str) -> bool:
-        try:
-            context.client("sagemaker").delete_endpoint(EndpointName=name)
-        except ClientError as exc:
-            if _missing(exc):
-                return False
-            raise
-        return True
+        deleted = if_exists(lambda: context.client("sagemaker").delete_endpoint(EndpointName=name), _missing)
+        return deleted is not None
 
     @staticmethod
     def wait(context: AwsContext, name: str) -> None:

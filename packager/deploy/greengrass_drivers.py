@@ -16,7 +16,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from packager.deploy.aws_common import TAG_FUNCTION, AwsContext, Resource, error_code
+from packager.deploy.aws_common import TAG_FUNCTION, AwsContext, Resource, if_exists
 
 TAG_RECIPE = "onnxfn:recipe-digest"
 LIVE_STATES = ("ACTIVE", "COMPLETED")  # a deployment devices are applying or have applied
@@ -36,12 +36,10 @@ class ArtifactDriver:
 
     def read(self, context: AwsContext, resource: Resource) -> dict[str, Any] | None:
         bucket, key = split_object(resource.name)
-        try:
-            head = context.client("s3").head_object(Bucket=bucket, Key=key)
-        except ClientError as exc:
-            if error_code(exc) in ("404", "NoSuchKey", "NotFound", "NoSuchBucket"):
-                return None
-            raise
+        s3 = context.client("s3")
+        head = if_exists(lambda: s3.head_object(Bucket=bucket, Key=key), "404", "NoSuchKey", "NotFound", "NoSuchBucket")
+        if head is None:
+            return None
         return {"sha256": head.get("Metadata", {}).get("sha256"), "size": head.get("ContentLength")}
 
     def create(self, context: AwsContext, resource: Resource) -> None:
@@ -54,13 +52,8 @@ class ArtifactDriver:
 
     def delete(self, context: AwsContext, name: str) -> bool:
         bucket, key = split_object(name)
-        try:
-            context.client("s3").delete_object(Bucket=bucket, Key=key)
-        except ClientError as exc:
-            if error_code(exc) in ("NoSuchBucket", "404"):
-                return False
-            raise
-        return True
+        deleted = if_exists(lambda: context.client("s3").delete_object(Bucket=bucket, Key=key), "NoSuchBucket", "404")
+        return deleted is not None
 
 
 def component_arn(context: AwsContext, name: str) -> str:
@@ -70,13 +63,12 @@ def component_arn(context: AwsContext, name: str) -> str:
 def component_versions(context: AwsContext, name: str) -> list[dict[str, Any]]:
     """The versions of component `name`, newest first (empty when it does not exist)."""
     client = context.client("greengrassv2")
-    try:
-        pages = client.get_paginator("list_component_versions").paginate(arn=component_arn(context, name))
-        versions = [v for page in pages for v in page.get("componentVersions", [])]
-    except ClientError as exc:
-        if error_code(exc) == "ResourceNotFoundException":
-            return []
-        raise
+    pages = client.get_paginator("list_component_versions").paginate(arn=component_arn(context, name))
+    versions = if_exists(
+        lambda: [v for page in pages for v in page.get("componentVersions", [])], "ResourceNotFoundException"
+    )
+    if versions is None:
+        return []
     return sorted(versions, key=lambda v: _semver(v["componentVersion"]), reverse=True)
 
 
