@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from packager.processes import stop_process
+from packager.processes import precompile_runtime, stop_process
 from runtime.startup import parse_timeline
 
 # Spans of the server's timeline reported as phases, in start-up order (spans on threads overlap).
@@ -86,6 +86,7 @@ def run_server_once(
 ) -> ColdSample:
     """Exec a server, wait for `/ready`, stream one chat completion, stop it; the sample with its phases."""
     port = free_port()
+    precompile_runtime()
     command = [
         *(python, "-m", "runtime", "serve", str(bundle), "--port", str(port), "--model-name", "bench"),
         *("--threads", str(threads), "--log-level", "info", *variant.flags),

@@ -29,6 +29,7 @@ from packager.deploy.base import TargetStatus
 from packager.deploy.server_flags import server_flags
 from packager.errors import UserError
 from packager.paths import build_dir, bundle_dir
+from packager.processes import precompile_runtime
 from packager.spec import FunctionSpec
 from runtime.bundle import BundleError, read_manifest
 
@@ -143,6 +144,7 @@ def apply(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDepl
     elif not generated_key.is_file():
         _write_secret(generated_key, secrets.token_urlsafe(32))
     port = plan.port or _free_port(plan.host)
+    precompile_runtime()
     command = (
         sys.executable, "-m", "runtime", "serve", str(plan.bundle),
         "--host", plan.host, "--port", str(port), *plan.server_flags,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from starlette.requests import Request
@@ -27,13 +27,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from runtime.bundle import CLASSIFICATION_TASK, EMBEDDING_TASK
-from runtime.encoder.engine import EncoderEngine
 from runtime.engine.request import EngineOverloadedError
 from runtime.server.encoding import WireFormat, decode_body
 from runtime.server.errors import APIError, from_engine_error, invalid_param
 from runtime.server.fields import BodyReader, show
 from runtime.server.protocol import unsupported
 from runtime.server.state import ServerState, read_body
+
+if TYPE_CHECKING:  # a chat server never imports the encoder stack
+    from runtime.encoder.engine import EncoderEngine
 
 _FIELDS = frozenset(("model", "input", "encoding_format", "dimensions", "user", "truncate_prompt_tokens"))
 MAX_INPUTS = 2048  # OpenAI's limit per request
@@ -72,6 +74,8 @@ async def embedding_body(state: ServerState, body: Any) -> dict[str, Any]:
 
 
 def encoder_engine(state: ServerState) -> EncoderEngine:
+    from runtime.encoder.engine import EncoderEngine
+
     engine = state.require_engine()
     assert isinstance(engine, EncoderEngine)  # the routes (and the queue's kinds) match the bundle's task
     return engine
