@@ -44,7 +44,9 @@ KEY_DOCS: dict[str, str] = {
     "through (fp32 matmuls on the dequantized weights, logits of the last position only): ~2.5x faster prefill "
     "and time to first token, for a bundle and resident memory larger by the fp32 copy of the weights "
     "(demo: 267 → 692 MB on disk, ~320 → ~770 MB RSS). Set false where memory or image size matter more "
-    "(small Lambda functions). Replies can differ slightly: the prompt's KV then comes from fp32 activations.",
+    "(small Lambda functions). Replies can differ slightly: the prompt's KV then comes from fp32 activations. "
+    "A server is ready before this graph has loaded (~0.4 s later, at low CPU priority); prompts that arrive "
+    "meanwhile run through the decode graph and are not prefix-cached.",
     "export.quality": "The quality budget a quantized candidate must meet against the fp32 reference.",
     "export.quality.min_top1_agreement": "Share of teacher-forced positions whose top-1 token equals fp32's; "
     "for classifiers, share of the fixed sentences (alone and batched) whose top label equals fp32's.",

@@ -23,6 +23,11 @@ class EngineConfig:
     # Run prompts through the bundle's prefill graph when it has one and the first provider is the CPU:
     # ~2.5x less prefill compute for ~430 MB more memory (fp32 weights) on an int8 bundle.
     prefill_graph: bool = True
+    # Ready as soon as the decode graph is loaded; the prefill graph loads after, and until it is in use
+    # prompts run through the decode graph (same weights, int8 activations) and are not prefix-cached.
+    # Servers start this way (a cold start waits for one session instead of two); in-process users get a
+    # fully loaded engine by default.
+    defer_prefill_graph: bool = False
     # Prompt-lookup speculative decoding for greedy requests (engine/speculative.py): up to
     # `speculative_tokens` drafted tokens verified per decode forward.
     speculative: bool = False

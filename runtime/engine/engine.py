@@ -13,6 +13,7 @@ Prefix KV (a system prompt) can be computed, pinned in the prefix cache, or rest
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,11 +33,13 @@ from runtime.engine.request import EngineError, GenerationRequest, InvalidReques
 from runtime.engine.runner import ModelRunner
 from runtime.engine.sampling import SequenceSampler
 from runtime.engine.scheduler import RequestState, Scheduler, SequenceState, SequenceStatus
-from runtime.engine.session import PREFILL_MODEL_FILE, DecoderSession, SessionBuild, SessionOptions
+from runtime.engine.session import PREFILL_MODEL_FILE, DecoderSession, SessionBuild, SessionOptions, WarmUp
 from runtime.engine.speculative import PromptLookup
 from runtime.engine.stream import RequestStream
 from runtime.engine.tokenizer import Tokenizer
 from runtime.engine.validation import validate_request
+
+log = logging.getLogger("runtime.engine")
 
 T = TypeVar("T")
 
@@ -106,8 +109,8 @@ class Engine:
         self.config = config
         self._facts = facts
         self.max_context = context_for_budget(facts, config.max_batch, config.kv_memory_bytes, config.max_context)
-        build = session_build or SessionBuild(bundle.model_path, session_options(config))
-        prefill_build = _prefill_build(bundle, config)
+        build = session_build or SessionBuild(bundle.model_path, session_options(config), warm_up=WarmUp(facts))
+        prefill_build = None if config.defer_prefill_graph else _prefill_build(bundle, config)
         # The session builds (prepacking the weights) on its own thread, without the GIL, while this one
         # parses the tokenizer.
         self.tokenizer = Tokenizer(bundle.tokenizer_path, facts.chat_template, facts.bos_token_id, facts.eos_token_ids)
@@ -116,17 +119,21 @@ class Engine:
         self.grammars = Grammars(bundle.tokenizer_path, facts.vocab_size, facts.eos_token_ids)
         session = build.result()
         prefill_session = prefill_build.result() if prefill_build is not None else None
+        # Deferred: the prefill graph builds while the engine already serves (see `_use_prefill_graph`).
+        self._prefill_pending = _prefill_build(bundle, config, background=True) if config.defer_prefill_graph else None
         self.provider = short_name(session.get_providers()[0])  # the one running the graph: `cpu`, `cuda`, …
         self._prefix_cache = PrefixCache(config.prefix_block_size, config.prefix_cache_bytes)
-        decoder = DecoderSession(
+        self._decoder = decoder = DecoderSession(
             session, facts.io, facts.num_layers, self._pool.tensors, facts.vocab_size, config.max_batch,
             config.prefill_chunk, prefill_session, 1 + config.speculative_tokens if config.speculative else 1,
         )  # fmt: skip
         self._drafter = PromptLookup(config.speculative_tokens) if config.speculative else None
         self._runner = ModelRunner(decoder, self._pool, self._prefix_cache, self._drafter)
         self._scheduler = Scheduler(
-            self._pool, self._prefix_cache, config.max_queue, config.prefill_chunk, prefill_session is None
-        )
+            self._pool, self._prefix_cache, config.max_queue, config.prefill_chunk,
+            prefill_session is None and self._prefill_pending is None,
+        )  # fmt: skip
+        self._runner.store_prompts = self._prefill_pending is None
         self._on_step = on_step
         self._streams: dict[str, RequestStream] = {}
         self._wakeup = threading.Condition()
@@ -198,7 +205,23 @@ class Engine:
                 f"a prefix must hold 1 to {self.max_context - 1} tokens, got {len(token_ids)}", param="prefix"
             )
         ids = list(token_ids)
-        return self._on_engine_thread(lambda: self._runner.compute_prefix(ids, self.config.prefill_chunk))
+
+        def compute() -> np.ndarray:
+            self._use_prefill_graph(wait=True)  # a pinned prefix must be what a prompt's prefill computes
+            return self._runner.compute_prefix(ids, self.config.prefill_chunk)
+
+        return self._on_engine_thread(compute)
+
+    @property
+    def prefill_graph(self) -> str:
+        """What prompts run through: `decode graph`, `prefill graph`, or `loading` (the decode graph, for now)."""
+        if self._prefill_pending is not None:
+            return "loading"
+        return "prefill graph" if self._decoder.has_prefill_graph else "decode graph"
+
+    def wait_for_prefill_graph(self) -> None:
+        """Block until a deferred prefill graph is in use (or has failed to load); at once without one."""
+        self._on_engine_thread(lambda: self._use_prefill_graph(wait=True))
 
     def pin_prefix(self, token_ids: Sequence[int], kv: np.ndarray) -> None:
         """Keep `kv` for every prompt that starts with `token_ids` (never evicted); checks its layout first."""
@@ -270,7 +293,28 @@ class Engine:
             except Exception as exc:
                 self._fail_all(exc)
 
+    def _use_prefill_graph(self, wait: bool) -> None:
+        """Switch prompts to the deferred prefill graph once it is built (with `wait`: once it is built).
+
+        Not while a prompt is half-prefilled: its KV would mix both graphs. From the switch on, prompt KV
+        is prefix-cached again (computed by the graph every later prompt uses), decoded KV still is not.
+        """
+        build = self._prefill_pending
+        if build is None or not (wait or build.done) or (not wait and self._scheduler.mid_prefill()):
+            return
+        self._prefill_pending = None
+        try:
+            session = build.result()
+        except Exception as exc:  # the engine serves on without it: prompts keep using the decode graph
+            log.warning("the prefill graph failed to load (%s); prompts run through the decode graph", exc)
+            self._scheduler.cache_decoded_kv = True
+        else:
+            self._decoder.attach_prefill(session)
+            log.info("prefill graph in use (built in %.2f s)", build.duration)
+        self._runner.store_prompts = True
+
     def _step(self) -> StepReport:
+        self._use_prefill_graph(wait=False)
         started = time.perf_counter()
         work = self._scheduler.schedule()
         for group in work.aborted:
@@ -349,11 +393,12 @@ def session_options(config: EngineConfig) -> SessionOptions:
     return SessionOptions(config.threads, config.providers, config.allow_spinning)
 
 
-def _prefill_build(bundle: Bundle, config: EngineConfig) -> SessionBuild | None:
+def _prefill_build(bundle: Bundle, config: EngineConfig, *, background: bool = False) -> SessionBuild | None:
     """Start building the bundle's prefill graph (if it has one and the engine runs on the CPU) beside the decoder."""
     if not (config.prefill_graph and config.providers[:1] == ("cpu",) and PREFILL_MODEL_FILE in bundle.manifest.files):
         return None
-    return SessionBuild(bundle.path / PREFILL_MODEL_FILE, session_options(config))
+    path = bundle.path / PREFILL_MODEL_FILE
+    return SessionBuild(path, session_options(config), background=background, warm_up=WarmUp(bundle.manifest.model))
 
 
 def _settle(done: Future[T], work: Callable[[], T], stopping: bool) -> None:

@@ -23,6 +23,8 @@ class ModelRunner:
         self._pool = pool
         self._prefix_cache = prefix_cache
         self._drafter = drafter
+        # Off while prompts run through a stand-in graph: a later cache hit must equal a miss.
+        self.store_prompts = True
 
     def execute(self, work: SchedulerOutput) -> list[tuple[SequenceState, TokenChoice]]:
         """Run the step; returns each sequence that produced a token, with the token."""
@@ -41,7 +43,8 @@ class ModelRunner:
         leader.num_computed = chunk.stop
         if not chunk.completes_prompt:
             return []
-        self._prefix_cache.store(prompt, self._pool, leader.slot)
+        if self.store_prompts:
+            self._prefix_cache.store(prompt, self._pool, leader.slot)
         for seq in group.sequences[1:]:
             self._pool.copy(leader.slot, seq.slot, chunk.stop)
             seq.num_computed = chunk.stop

@@ -142,6 +142,12 @@ class Scheduler:
             aborted=tuple(aborted),
         )
 
+    def mid_prefill(self) -> bool:
+        """Whether some prompt has been prefilled in part (its next chunk is still to come)."""
+        return any(
+            s.status is SequenceStatus.PREFILLING and s.num_computed > 0 for g in self.running for s in g.sequences
+        )
+
     def finish(self, seq: SequenceState) -> None:
         """Free a finished sequence's slot, keeping occupied slots contiguous."""
         seq.status = SequenceStatus.FINISHED

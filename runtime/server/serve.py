@@ -6,7 +6,8 @@ command line) translates the spec into flags. Heavy imports wait until `run`, so
 Start-up order is the cold-start path: bind the port, start loading the engine on a background thread
 (ONNX Runtime builds its session without holding the GIL), and only then import the HTTP stack, which
 runs alongside. The bundle is hashed once and a record of that is trusted later (`runtime.verified`);
-the bundle's snapshot seeds the prefix cache (`runtime.snapshot`).
+the bundle's snapshot seeds the prefix cache (`runtime.snapshot`). A bundle's prefill graph loads after
+`/ready`, at low CPU priority (`EngineConfig.defer_prefill_graph`): a start waits for one session, not two.
 """
 
 from __future__ import annotations
@@ -189,6 +190,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     from runtime.engine.config import EngineConfig
 
     overrides: dict[str, Any] = {name: getattr(args, name) for name in _ENGINE_FLAGS if getattr(args, name)}
+    overrides["defer_prefill_graph"] = True  # a server is ready once the decode graph is loaded
     if args.kv_memory_mb is not None:
         overrides["kv_memory_bytes"] = args.kv_memory_mb << 20
     if args.prefix_cache_mb is not None:
@@ -254,8 +256,9 @@ def start_engine(
         bundle = open_verified(bundle_dir)[0] if verify else open_bundle(bundle_dir, verify=False)
     # The session is the longest part of a start: begin it before anything else is imported.
     with TIMELINE.phase("imports_onnxruntime"):
-        from runtime.engine.session import SessionBuild, SessionOptions
-    build = SessionBuild(bundle.model_path, SessionOptions(config.threads, config.providers, config.allow_spinning))
+        from runtime.engine.session import SessionBuild, SessionOptions, WarmUp
+    options = SessionOptions(config.threads, config.providers, config.allow_spinning)
+    build = SessionBuild(bundle.model_path, options, warm_up=WarmUp(bundle.manifest.model))
     with TIMELINE.phase("imports_engine"):
         from runtime.engine.engine import Engine
         from runtime.snapshot import restore_snapshot

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -9,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from packager.export.prefill import PREFILL_DATA_FILE, dequantize_nbits
-from runtime.bundle import Bundle
+from runtime.bundle import Bundle, open_bundle
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.request import GenerationRequest, SamplingParams
 from runtime.engine.session import PREFILL_MODEL_FILE
@@ -93,3 +95,57 @@ def test_decoded_kv_is_not_cached_when_prompts_use_the_prefill_graph(bundle: Bun
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     shifted = x - x.max()
     return shifted - np.log(np.exp(shifted).sum())
+
+
+@pytest.mark.real_model
+def test_a_deferred_prefill_graph_takes_over_and_then_matches_a_loaded_engine(
+    bundle: Bundle, tokenizer: Tokenizer
+) -> None:
+    if PREFILL_MODEL_FILE not in bundle.manifest.files:
+        pytest.skip("the test bundle was built without a prefill graph")
+    prompt = chat_ids(tokenizer, "Name a large river.")
+    sampling = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    outputs, cached = {}, {}
+    for defer in (False, True):
+        config = EngineConfig(max_batch=2, max_context=256, prefix_block_size=8, defer_prefill_graph=defer)
+        engine = Engine(bundle, config)
+        if defer:
+            # Ready before the prefill graph: whatever arrives now is served through the decode graph.
+            early = engine.generate(GenerationRequest("early", prompt, sampling))
+            assert len(early[0].token_ids) == 12
+            engine.wait_for_prefill_graph()
+            assert engine.prefill_graph == "prefill graph"
+            engine.shutdown()
+            engine = Engine(bundle, config)  # a fresh prefix cache, so both engines start equal
+            engine.wait_for_prefill_graph()
+        outputs[defer] = engine.generate(GenerationRequest(f"r-{defer}", prompt, sampling))[0].token_ids
+        cached[defer] = engine.stats().prefix_cache_bytes
+        engine.shutdown()
+    assert outputs[True] == outputs[False]
+    assert cached[True] == cached[False] == (len(prompt) // 8) * 8 * bundle.manifest.model.kv_bytes_per_token()
+
+
+@pytest.mark.real_model
+def test_a_prefill_graph_that_fails_to_load_leaves_the_decode_graph_serving(
+    bundle: Bundle, tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    if PREFILL_MODEL_FILE not in bundle.manifest.files:
+        pytest.skip("the test bundle was built without a prefill graph")
+    for entry in bundle.path.iterdir():
+        if entry.name != PREFILL_MODEL_FILE:
+            (tmp_path / entry.name).symlink_to(entry)
+    (tmp_path / PREFILL_MODEL_FILE).write_bytes(b"not an onnx graph")
+    broken = open_bundle(tmp_path, verify=False)
+    config = EngineConfig(max_batch=1, max_context=256, prefix_block_size=8, defer_prefill_graph=True)
+    engine = Engine(broken, config)
+    try:
+        engine.wait_for_prefill_graph()
+        assert engine.prefill_graph == "decode graph"
+        prompt = chat_ids(tokenizer, "Name a large river.")
+        request = GenerationRequest("fallback", prompt, SamplingParams(max_tokens=9, temperature=0, ignore_eos=True))
+        assert len(engine.generate(request)[0].token_ids) == 9
+        # One graph for prompts and decoding again: generated tokens' KV is reusable too.
+        blocks = engine.stats().prefix_cache_bytes // (8 * broken.manifest.model.kv_bytes_per_token())
+        assert blocks == (len(prompt) + 8) // 8
+    finally:
+        engine.shutdown()
