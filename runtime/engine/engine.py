@@ -109,8 +109,8 @@ class Engine:
         self.config = config
         self._facts = facts
         self.max_context = context_for_budget(facts, config.max_batch, config.kv_memory_bytes, config.max_context)
-        build = session_build or SessionBuild(bundle.model_path, session_options(config), warm_up=WarmUp(facts))
-        prefill_build = None if config.defer_prefill_graph else _prefill_build(bundle, config)
+        build = session_build or SessionBuild(bundle.model_path, session_options(config))
+        prefill_build = _prefill_build(bundle, config, background=config.defer_prefill_graph)
         # The session builds (prepacking the weights) on its own thread, without the GIL, while this one
         # parses the tokenizer.
         self.tokenizer = Tokenizer(bundle.tokenizer_path, facts.chat_template, facts.bos_token_id, facts.eos_token_ids)
@@ -118,15 +118,17 @@ class Engine:
         self._pool = KVPool(facts, config.max_batch, self.max_context)
         self.grammars = Grammars(bundle.tokenizer_path, facts.vocab_size, facts.eos_token_ids)
         session = build.result()
-        prefill_session = prefill_build.result() if prefill_build is not None else None
-        # Deferred: the prefill graph builds while the engine already serves (see `_use_prefill_graph`).
-        self._prefill_pending = _prefill_build(bundle, config, background=True) if config.defer_prefill_graph else None
+        # Deferred, the prefill graph goes on building while the engine serves (see `_use_prefill_graph`).
+        self._prefill_pending = prefill_build if config.defer_prefill_graph else None
+        prefill_session = prefill_build.result() if prefill_build is not None and not self._prefill_pending else None
+        session_s = max(build.duration, prefill_build.duration if prefill_session is not None else 0.0)
         self.provider = short_name(session.get_providers()[0])  # the one running the graph: `cpu`, `cuda`, …
         self._prefix_cache = PrefixCache(config.prefix_block_size, config.prefix_cache_bytes)
         self._decoder = decoder = DecoderSession(
             session, facts.io, facts.num_layers, self._pool.tensors, facts.vocab_size, config.max_batch,
             config.prefill_chunk, prefill_session, 1 + config.speculative_tokens if config.speculative else 1,
         )  # fmt: skip
+        decoder.warm_up()
         self._drafter = PromptLookup(config.speculative_tokens) if config.speculative else None
         self._runner = ModelRunner(decoder, self._pool, self._prefix_cache, self._drafter)
         self._scheduler = Scheduler(
@@ -141,7 +143,6 @@ class Engine:
         self._stopping = False
         self._jobs: list[Callable[[], None]] = []  # run on the engine thread between steps
         self._tokens_in = self._tokens_out = self._steps = self._last_batch = 0
-        session_s = max(build.duration, prefill_build.duration if prefill_build is not None else 0.0)
         self.load_times = LoadTimes(session_s, tokenizer_s, time.perf_counter() - started)
 
     # Lifecycle.

@@ -256,9 +256,8 @@ def start_engine(
         bundle = open_verified(bundle_dir)[0] if verify else open_bundle(bundle_dir, verify=False)
     # The session is the longest part of a start: begin it before anything else is imported.
     with TIMELINE.phase("imports_onnxruntime"):
-        from runtime.engine.session import SessionBuild, SessionOptions, WarmUp
-    options = SessionOptions(config.threads, config.providers, config.allow_spinning)
-    build = SessionBuild(bundle.model_path, options, warm_up=WarmUp(bundle.manifest.model))
+        from runtime.engine.session import SessionBuild, SessionOptions
+    build = SessionBuild(bundle.model_path, SessionOptions(config.threads, config.providers, config.allow_spinning))
     with TIMELINE.phase("imports_engine"):
         from runtime.engine.engine import Engine
         from runtime.snapshot import restore_snapshot
