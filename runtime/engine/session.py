@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,7 +80,7 @@ class SessionBuild:
     def __init__(
         self, model_path: Path, options: SessionOptions, *, background: bool = False, warm_up: WarmUp | None = None
     ) -> None:
-        """`background`: build at the lowest CPU priority, so requests served meanwhile lose no time to it.
+        """`background`: build at a low CPU priority, so requests served meanwhile lose little time to it.
 
         `warm_up`: a one-token forward run before the session is handed over (ONNX Runtime's first run
         allocates and initialises), for a session that is not used at once: it costs this thread only.
@@ -93,7 +94,8 @@ class SessionBuild:
     def _build(self, model_path: Path, options: SessionOptions, background: bool, warm_up: WarmUp | None) -> None:
         if background and hasattr(os, "setpriority"):
             # Linux nice values are per thread; the session's pool threads, created here, inherit it.
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            # 10, not 19: still ~10 % of a core against busy threads, so a loaded engine gets it in seconds.
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         try:
             session = create_session(model_path, options)
             if warm_up is not None:
@@ -110,6 +112,10 @@ class SessionBuild:
     @property
     def done(self) -> bool:
         return self._done.done()
+
+    def wait(self) -> None:
+        """Block until the build has finished, whether it succeeded or not."""
+        futures_wait([self._done])
 
     @property
     def duration(self) -> float:

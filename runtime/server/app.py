@@ -126,7 +126,13 @@ async def _health(request: Request) -> Response:
 def _ready(state: ServerState, *, detailed: bool) -> Response:
     """Probes need only the status; the model name and a load error (paths, versions) need the key."""
     if state.engine is not None:
-        return JSONResponse({"status": "ready", **({"model": state.policy.model_name} if detailed else {})})
+        if not detailed:
+            return JSONResponse({"status": "ready"})
+        # What prompts run through: "loading" while a bundle's prefill graph is still being built.
+        graph = getattr(state.engine, "prefill_graph", None)  # encoders have a single graph
+        return JSONResponse(
+            {"status": "ready", "model": state.policy.model_name, **({"prompt_graph": graph} if graph else {})}
+        )
     if state.load_error is not None:
         return JSONResponse({"status": "failed", **({"error": state.load_error} if detailed else {})}, status_code=503)
     return JSONResponse({"status": "loading"}, status_code=503)

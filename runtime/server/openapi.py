@@ -172,7 +172,7 @@ def probes_piece(policy: RequestPolicy) -> RoutePiece:
             },
             "/ready": {
                 "get": {
-                    "summary": "Readiness: 200 once requests can be served (details only with the key)",
+                    "summary": "Readiness: 200 once requests can be served (with the key: `model`, `prompt_graph`)",
                     "security": open_access,
                     "responses": {
                         "200": {"description": "serving", "content": json_only},
