@@ -168,10 +168,6 @@ class Engine:
         for stream in list(self._streams.values()):
             self._scheduler.abort(stream.request_id)
         self._step()
-        if self._prefill_pending is not None:
-            # A process that exits while ONNX Runtime builds a session on another thread aborts
-            # ("terminate called without an active exception"): let the build finish first.
-            self._prefill_pending.wait()
 
     # Requests.
     def submit(self, request: GenerationRequest, *, prompt_param: str = "prompt") -> RequestStream:

@@ -12,6 +12,7 @@ buffers, so a prompt prefilled by one is decoded by the other without a copy.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
@@ -70,6 +71,19 @@ class WarmUp:
         return feed | {name % i: empty for i in range(facts.num_layers) for name in (io.past_key, io.past_value)}
 
 
+_building: set[Future[ort.InferenceSession]] = set()
+
+
+@atexit.register
+def _finish_builds() -> None:
+    """Let sessions still being built finish before the interpreter exits.
+
+    ONNX Runtime aborts a process that exits while it builds a session on another thread
+    ("terminate called without an active exception"), whichever way the process ends.
+    """
+    futures_wait(list(_building))
+
+
 class SessionBuild:
     """A session being created on a helper thread.
 
@@ -88,6 +102,8 @@ class SessionBuild:
         self.started = time.monotonic()
         self.finished: float | None = None
         self._done: Future[ort.InferenceSession] = Future()
+        _building.add(self._done)
+        self._done.add_done_callback(_building.discard)
         args = (model_path, options, background, warm_up)
         threading.Thread(target=self._build, args=args, name="onnxfn-session", daemon=True).start()
 
@@ -112,10 +128,6 @@ class SessionBuild:
     @property
     def done(self) -> bool:
         return self._done.done()
-
-    def wait(self) -> None:
-        """Block until the build has finished, whether it succeeded or not."""
-        futures_wait([self._done])
 
     @property
     def duration(self) -> float:
