@@ -109,7 +109,7 @@ class Engine:
         self.config = config
         self._facts = facts
         self.max_context = context_for_budget(facts, config.max_batch, config.kv_memory_bytes, config.max_context)
-        build = session_build or SessionBuild(bundle.model_path, session_options(config))
+        build = session_build or SessionBuild(bundle.model_path, SessionOptions.for_engine(config))
         prefill_build = _prefill_build(bundle, config, background=config.defer_prefill_graph)
         # The session builds (prepacking the weights) on its own thread, without the GIL, while this one
         # parses the tokenizer.
@@ -120,7 +120,9 @@ class Engine:
         session = build.result()
         # Deferred, the prefill graph goes on building while the engine serves (see `_use_prefill_graph`).
         self._prefill_pending = prefill_build if config.defer_prefill_graph else None
-        prefill_session = prefill_build.result() if prefill_build is not None and not self._prefill_pending else None
+        prefill_session = None
+        if prefill_build is not None and not config.defer_prefill_graph:
+            prefill_session = prefill_build.result()
         session_s = max(build.duration, prefill_build.duration if prefill_session is not None else 0.0)
         self.provider = short_name(session.get_providers()[0])  # the one running the graph: `cpu`, `cuda`, …
         self._prefix_cache = PrefixCache(config.prefix_block_size, config.prefix_cache_bytes)
@@ -390,16 +392,15 @@ class Engine:
         return SequenceState(group, index, sampler, output)
 
 
-def session_options(config: EngineConfig) -> SessionOptions:
-    return SessionOptions(config.threads, config.providers, config.allow_spinning)
-
-
 def _prefill_build(bundle: Bundle, config: EngineConfig, *, background: bool = False) -> SessionBuild | None:
     """Start building the bundle's prefill graph (if it has one and the engine runs on the CPU) beside the decoder."""
     if not (config.prefill_graph and config.providers[:1] == ("cpu",) and PREFILL_MODEL_FILE in bundle.manifest.files):
         return None
-    path = bundle.path / PREFILL_MODEL_FILE
-    return SessionBuild(path, session_options(config), background=background, warm_up=WarmUp(bundle.manifest.model))
+    # A graph used at once gets its warm-up through the engine's bindings (`DecoderSession.warm_up`); one
+    # built in the background is warmed on its own thread, before the engine switches to it.
+    warm_up = WarmUp(bundle.manifest.model) if background else None
+    options = SessionOptions.for_engine(config)
+    return SessionBuild(bundle.path / PREFILL_MODEL_FILE, options, background=background, warm_up=warm_up)
 
 
 def _settle(done: Future[T], work: Callable[[], T], stopping: bool) -> None:

@@ -26,6 +26,7 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.bundle import DecoderIO, ModelFacts
+from runtime.engine.config import EngineConfig
 from runtime.engine.providers import plan_providers
 
 PREFILL_MODEL_FILE = "prefill.onnx"
@@ -36,6 +37,10 @@ class SessionOptions:
     threads: int = 2
     providers: tuple[str, ...] = ("cpu",)
     allow_spinning: bool = True
+
+    @classmethod
+    def for_engine(cls, config: EngineConfig) -> SessionOptions:
+        return cls(config.threads, config.providers, config.allow_spinning)
 
 
 def create_session(model_path: Path, options: SessionOptions) -> ort.InferenceSession:

@@ -257,7 +257,7 @@ def start_engine(
     # The session is the longest part of a start: begin it before anything else is imported.
     with TIMELINE.phase("imports_onnxruntime"):
         from runtime.engine.session import SessionBuild, SessionOptions
-    build = SessionBuild(bundle.model_path, SessionOptions(config.threads, config.providers, config.allow_spinning))
+    build = SessionBuild(bundle.model_path, SessionOptions.for_engine(config))
     with TIMELINE.phase("imports_engine"):
         from runtime.engine.engine import Engine
         from runtime.snapshot import restore_snapshot
