@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -217,41 +216,28 @@ def measure_cold(bundle: Path, threads: int, repetitions: int) -> dict[str, Any]
 def _cold_onnxfn(bundle: Path, threads: int) -> tuple[str, dict[str, float]]:
     import httpx
 
+    from benchlib.serving import free_port, wait_ready
     from packager.processes import stop_process
     from runtime.bundle import read_manifest
 
     model = read_manifest(bundle).function
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     command = [sys.executable, "-m", "runtime", "serve", str(bundle), "--port", str(port), "--threads", str(threads),
                "--log-level", "warning"]  # fmt: skip
-    started = time.monotonic()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            ready = _poll_ready(client, process)
-            client.post("/v1/embeddings", json={"model": model, "input": COLD_SENTENCE}).raise_for_status()
-        first = time.monotonic()
-    finally:
-        stop_process(process)
-    return "onnxfn", {"ready_s": ready - started, "first_embedding_s": first - started}
-
-
-def _poll_ready(client: Any, process: subprocess.Popen[bytes]) -> float:
-    import httpx
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode} before it was ready")
+    base_url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory(prefix="bench-embed-cold-") as log_dir:
+        log_path = Path(log_dir) / "server.log"
+        with log_path.open("wb") as log:
+            started = time.monotonic()
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         try:
-            if client.get("/ready").status_code == 200:
-                return time.monotonic()
-        except httpx.TransportError:
-            pass
-        time.sleep(0.005)
-    raise TimeoutError("the server was not ready after 60 s")
+            ready = wait_ready(process, base_url, "/ready", log_path, timeout=60, interval=0.005)
+            with httpx.Client(base_url=base_url, timeout=30) as client:
+                client.post("/v1/embeddings", json={"model": model, "input": COLD_SENTENCE}).raise_for_status()
+            first = time.monotonic()
+        finally:
+            stop_process(process)
+    return "onnxfn", {"ready_s": ready - started, "first_embedding_s": first - started}
 
 
 def _cold_st(bundle: Path, threads: int) -> tuple[str, dict[str, float]]:
@@ -327,5 +313,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
+    sys.path[:0] = [str(REPO), str(REPO / "scripts")]  # onnxfn's packages, and `benchlib` for its server helpers
     raise SystemExit(main())

@@ -52,9 +52,14 @@ def _die_with_parent() -> None:
 
 
 def wait_ready(
-    process: subprocess.Popen[bytes], base_url: str, path: str, log_path: Path, timeout: float = 120.0
+    process: subprocess.Popen[bytes],
+    base_url: str,
+    path: str,
+    log_path: Path,
+    timeout: float = 120.0,
+    interval: float = 0.01,
 ) -> float:
-    """Poll until the server answers `path` with 200; returns the monotonic time it did."""
+    """Poll until the server answers `path` with 200 (every `interval` s); returns the monotonic time it did."""
     deadline = time.monotonic() + timeout
     with httpx.Client(base_url=base_url, timeout=2.0) as client:
         while time.monotonic() < deadline:
@@ -66,7 +71,7 @@ def wait_ready(
                     return now()
             except httpx.TransportError:
                 pass
-            time.sleep(0.01)
+            time.sleep(interval)
     raise TimeoutError(f"server at {base_url} was not ready after {timeout} s")
 
 
