@@ -30,6 +30,8 @@ from benchlib.prompts import PromptFactory
 from benchlib.systems import REGISTRY
 from benchlib.systems.base import SystemConfig
 
+from packager.processes import precompile_runtime
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE = REPO / "build" / "smollm2-chat" / "bundle"
 FUNCTION_DIR = REPO / "functions" / "smollm2-chat"
@@ -153,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = QUICK if args.quick else FULL
     started = time.monotonic()
     contention = machine.ContentionMeter()
+    # As `pkg deploy` and `pkg bench cold` do before starting a server: measure the product's start, not
+    # the compilation of the runtime's sources (Python never caches it under PYTHONDONTWRITEBYTECODE).
+    precompile_runtime()
     notes: list[str] = []
     bundle = resolve_bundle(args.bundle)
     hf_dir, gguf = resolve_hf_dir(args.hf_dir), resolve_gguf(args.gguf)
