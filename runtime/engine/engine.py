@@ -24,8 +24,10 @@ from typing import TypeVar
 import numpy as np
 
 from runtime.bundle import Bundle
+from runtime.engine.background import run_in_background
 from runtime.engine.config import EngineConfig
 from runtime.engine.constraints import Grammars
+from runtime.engine.huge_pages import CollapseReport, collapse
 from runtime.engine.kv_cache import KVPool, PrefixCache, context_for_budget
 from runtime.engine.output import OutputProcessor
 from runtime.engine.providers import short_name
@@ -146,6 +148,10 @@ class Engine:
         self._jobs: list[Callable[[], None]] = []  # run on the engine thread between steps
         self._tokens_in = self._tokens_out = self._steps = self._last_batch = 0
         self.load_times = LoadTimes(session_s, tokenizer_s, time.perf_counter() - started)
+        self._decode_memory = build.allocated
+        self._huge_pages: Future[CollapseReport] | None = None
+        if self._prefill_pending is None:
+            self._move_to_huge_pages()
 
     # Lifecycle.
     def start(self) -> None:
@@ -225,6 +231,11 @@ class Engine:
     def wait_for_prefill_graph(self) -> None:
         """Block until a deferred prefill graph is in use (or has failed to load); at once without one."""
         self._on_engine_thread(lambda: self._use_prefill_graph(wait=True))
+
+    def wait_until_warm(self) -> CollapseReport | None:
+        """Block until the start-up work done in the background is over: the prefill graph, then huge pages."""
+        self.wait_for_prefill_graph()
+        return self._huge_pages.result() if self._huge_pages is not None else None
 
     def pin_prefix(self, token_ids: Sequence[int], kv: np.ndarray) -> None:
         """Keep `kv` for every prompt that starts with `token_ids` (never evicted); checks its layout first."""
@@ -315,6 +326,13 @@ class Engine:
             self._decoder.attach_prefill(session)
             log.info("prefill graph in use (built in %.2f s)", build.duration)
         self._runner.store_prompts = True
+        self._move_to_huge_pages()
+
+    def _move_to_huge_pages(self) -> None:
+        """Once every session is built (it would slow their builds): the decode weights onto huge pages."""
+        if self.config.huge_pages:
+            self._huge_pages = run_in_background(lambda: collapse(self._decode_memory), "onnxfn-huge-pages")
+            self._huge_pages.add_done_callback(lambda done: log.info(done.result().describe()))
 
     def _step(self) -> StepReport:
         self._use_prefill_graph(wait=False)

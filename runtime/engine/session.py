@@ -13,7 +13,6 @@ buffers, so a prompt prefilled by one is decoded by the other without a copy.
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -26,7 +25,9 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.bundle import DecoderIO, ModelFacts
+from runtime.engine.background import lower_priority
 from runtime.engine.config import EngineConfig
+from runtime.engine.huge_pages import Interval, memory_map, subtract
 from runtime.engine.providers import plan_providers
 
 PREFILL_MODEL_FILE = "prefill.onnx"
@@ -106,6 +107,8 @@ class SessionBuild:
         """
         self.started = time.monotonic()
         self.finished: float | None = None
+        # The anonymous memory that appeared while the session was built (mostly its prepacked weights).
+        self.allocated: list[Interval] = []
         self._done: Future[ort.InferenceSession] = Future()
         _building.add(self._done)
         self._done.add_done_callback(_building.discard)
@@ -113,12 +116,12 @@ class SessionBuild:
         threading.Thread(target=self._build, args=args, name="onnxfn-session", daemon=True).start()
 
     def _build(self, model_path: Path, options: SessionOptions, background: bool, warm_up: WarmUp | None) -> None:
-        if background and hasattr(os, "setpriority"):
-            # Linux nice values are per thread; the session's pool threads, created here, inherit it.
-            # 10, not 19: still ~10 % of a core against busy threads, so a loaded engine gets it in seconds.
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        if background:
+            lower_priority()  # the session's pool threads, created here, inherit it
         try:
+            before = memory_map()
             session = create_session(model_path, options)
+            self.allocated = subtract(memory_map(), before)
             if warm_up is not None:
                 session.run(None, warm_up.feed())
         except BaseException as exc:  # raised again by `result()` on the waiting thread
