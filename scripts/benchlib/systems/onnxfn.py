@@ -58,7 +58,7 @@ class OnnxfnSystem:
         return [timings_from_marks(start, marks, tokens) for marks, tokens in results]
 
     def run(self, prompts: list[PromptSpec], max_tokens: int) -> list[StreamTiming]:
-        self._engine.wait_for_prefill_graph()  # steady state: prompts through the prefill graph
+        self._engine.wait_until_warm()  # steady state: the prefill graph in use, the weights on huge pages
         return asyncio.run(self._run_all(prompts, max_tokens))
 
     def first_token(self, text: str) -> dict[str, float]:
