@@ -135,11 +135,8 @@ class Engine:
         decoder.warm_up()
         self._drafter = PromptLookup(config.speculative_tokens) if config.speculative else None
         self._runner = ModelRunner(decoder, self._pool, self._prefix_cache, self._drafter)
-        self._scheduler = Scheduler(
-            self._pool, self._prefix_cache, config.max_queue, config.prefill_chunk,
-            prefill_session is None and self._prefill_pending is None,
-        )  # fmt: skip
-        self._runner.store_prompts = self._prefill_pending is None
+        self._scheduler = Scheduler(self._pool, self._prefix_cache, config.max_queue, config.prefill_chunk)
+        self._set_kv_reuse()
         self._on_step = on_step
         self._streams: dict[str, RequestStream] = {}
         self._wakeup = threading.Condition()
@@ -321,12 +318,21 @@ class Engine:
             session = build.result()
         except Exception as exc:  # the engine serves on without it: prompts keep using the decode graph
             log.warning("the prefill graph failed to load (%s); prompts run through the decode graph", exc)
-            self._scheduler.cache_decoded_kv = True
         else:
             self._decoder.attach_prefill(session)
             log.info("prefill graph in use (built in %.2f s)", build.duration)
-        self._runner.store_prompts = True
+        self._set_kv_reuse()
         self._move_to_huge_pages()
+
+    def _set_kv_reuse(self) -> None:
+        """What the prefix cache may keep follows from the graphs in use: a cache hit must equal a miss.
+
+        Prompt KV only once prompts run through the graph every later prompt uses (not while a prefill
+        graph is still loading); generated tokens' KV only when one graph computes prompts and tokens alike.
+        """
+        loading = self._prefill_pending is not None
+        self._runner.store_prompts = not loading
+        self._scheduler.cache_decoded_kv = not loading and not self._decoder.has_prefill_graph
 
     def _move_to_huge_pages(self) -> None:
         """Once every session is built (it would slow their builds): the decode weights onto huge pages."""

@@ -91,17 +91,15 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(
-        self, pool: KVPool, prefix_cache: PrefixCache, max_queue: int, prefill_chunk: int, cache_decoded_kv: bool = True
-    ) -> None:
-        """`cache_decoded_kv`: offer the KV of generated tokens to the prefix cache too (the next chat turn's
-        prompt starts with them). Only when prompts and decode steps run the same graph: a prefill graph
-        computes slightly different KV, and a cache hit must give the same output as a miss."""
+    def __init__(self, pool: KVPool, prefix_cache: PrefixCache, max_queue: int, prefill_chunk: int) -> None:
         self.pool = pool
         self.prefix_cache = prefix_cache
         self.max_queue = max_queue
         self.prefill_chunk = prefill_chunk
-        self.cache_decoded_kv = cache_decoded_kv
+        # Offer the KV of generated tokens to the prefix cache too (the next chat turn's prompt starts with
+        # them). Only when prompts and decode steps run the same graph: a prefill graph computes slightly
+        # different KV, and a cache hit must give the same output as a miss (set by the engine).
+        self.cache_decoded_kv = True
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []  # admitted, in admission order
         self._slot_owner: list[SequenceState | None] = [None] * pool.slots
