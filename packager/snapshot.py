@@ -21,9 +21,9 @@ from packager.spec import FunctionSpec
 from runtime.bundle import Bundle, FileEntry, Manifest, file_digest
 from runtime.engine.config import EngineConfig
 from runtime.engine.engine import Engine
-from runtime.snapshot import SNAPSHOT_DIR, SNAPSHOT_FORMAT, PrefixSnapshot, SnapshotInfo
+from runtime.snapshot import SNAPSHOT_DIR, SNAPSHOT_FORMAT, PrefixSnapshot, SnapshotInfo, system_prompt_prefixes
 
-SNAPSHOT_VERSION = 1  # bump when what the snapshot holds changes, to rebuild bundles
+SNAPSHOT_VERSION = 2  # bump when what the snapshot holds changes, to rebuild bundles
 SNAPSHOT_PROVIDER = "cpu"  # the KV is computed here, on the CPU: a GPU-first function gets no snapshot
 
 
@@ -56,12 +56,13 @@ def add_snapshot(bundle_dir: Path, manifest: Manifest, spec: FunctionSpec) -> Ma
     files = dict(manifest.files)
     entries: list[PrefixSnapshot] = []
     for name, text in prefixes:
-        chat = engine.tokenizer.apply_chat_template([{"role": "system", "content": text}], add_generation_prompt=False)
-        token_ids = tuple(engine.tokenizer.encode(chat))
-        relative = f"{SNAPSHOT_DIR}/{name}.npy"
-        np.save(bundle_dir / relative, np.ascontiguousarray(engine.compute_prefix(token_ids)), allow_pickle=False)
-        files[relative] = file_digest(bundle_dir / relative)
-        entries.append(PrefixSnapshot(name, relative, token_ids))
+        nested = system_prompt_prefixes(engine.tokenizer, text)  # the system block, then with the user turn's opening
+        kv = engine.compute_prefix(nested[-1])
+        for entry_name, token_ids in zip((name, f"{name}_user_turn"), nested, strict=False):
+            relative = f"{SNAPSHOT_DIR}/{entry_name}.npy"
+            np.save(bundle_dir / relative, np.ascontiguousarray(kv[:, :, : len(token_ids)]), allow_pickle=False)
+            files[relative] = file_digest(bundle_dir / relative)
+            entries.append(PrefixSnapshot(entry_name, relative, token_ids))
     engine.shutdown()
     model: FileEntry = manifest.files[manifest.model_file]
     info = SnapshotInfo(

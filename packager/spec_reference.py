@@ -74,8 +74,8 @@ KEY_DOCS: dict[str, str] = {
         "shares them. Set false on shared hosts."
     ),
     "runtime.providers": "Execution providers in order of preference.",
-    "runtime.system_prompt": "Default system message; its KV is computed at build time and restored at start "
-    "(the cold-start snapshot).",
+    "runtime.system_prompt": "Default system message; its KV (alone, and followed by the opening of a user turn) "
+    "is computed at build time and restored at start (the cold-start snapshot).",
     "runtime.sampling": "Defaults for requests that do not set these parameters.",
     "runtime.sampling.temperature": "Default temperature (0 = greedy).",
     "runtime.sampling.top_p": "Default nucleus-sampling mass.",

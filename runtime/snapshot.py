@@ -1,15 +1,17 @@
 """The bundle's cold-start snapshot: work `pkg build` did so a fresh process does not have to.
 
-Today it holds the KV cache of the function's system prompt (and any other configured prefix), computed
-by this runtime's engine at build time and restored into the prefix cache at start, so the first request
-that uses the system prompt prefills only what follows it. KV values depend on the ONNX Runtime version
+Today it holds the KV cache of the function's system prompt, twice: its block alone, and with the opening
+of the user turn that follows it in every chat (`system_prompt_prefixes`). Computed by this runtime's engine
+at build time and restored into the prefix cache at start, so the first request that uses the system prompt
+prefills only the user's own words. KV values depend on the ONNX Runtime version
 and the execution provider that computed them, so the manifest records both along with the model's hash,
 and a snapshot made for anything else is ignored with a warning, never used.
 
 Manifest section (`manifest.json` → `snapshot`):
 
     {"format": 1, "onnxruntime": "1.31.1", "providers": ["cpu"], "model_sha256": "…", "kv_dtype": "float32",
-     "prefixes": [{"name": "system_prompt", "file": "snapshot/system_prompt.npy", "token_ids": [1, …]}]}
+     "prefixes": [{"name": "system_prompt", "file": "snapshot/system_prompt.npy", "token_ids": [1, …]},
+                  {"name": "system_prompt_user_turn", "file": "snapshot/system_prompt_user_turn.npy", …}]}
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from runtime.bundle import Bundle, Manifest
 
 if TYPE_CHECKING:
     from runtime.engine.engine import Engine
+    from runtime.engine.tokenizer import Tokenizer
 
 SNAPSHOT_FORMAT = 1
 SNAPSHOT_DIR = "snapshot"
@@ -95,6 +98,27 @@ def incompatibility(info: SnapshotInfo, manifest: Manifest, onnxruntime_version:
     if info.kv_dtype != manifest.model.kv_dtype:
         return f"KV dtype {info.kv_dtype}, the model's is {manifest.model.kv_dtype}"
     return None
+
+
+def system_prompt_prefixes(tokenizer: Tokenizer, system_prompt: str) -> list[tuple[int, ...]]:
+    """What is worth pinning for a system prompt: its block alone, then also the opening of the user turn.
+
+    The second is what every chat with this system prompt and a user turn shares (the tokens two unlike
+    user turns have in common, e.g. `<|im_start|>user\n`): a first request then prefills only its own
+    words. The first stays for chats that go on with another role; the prefix cache takes the longest
+    pin that matches, and matching is by token ids, so a tokenization that differs only misses.
+    """
+    system = [{"role": "system", "content": system_prompt}]
+    alone = tuple(tokenizer.encode(tokenizer.apply_chat_template(system, add_generation_prompt=False)))
+    turns = [
+        tokenizer.encode(tokenizer.apply_chat_template([*system, {"role": "user", "content": text}]))
+        for text in ("Hi", "42 ?")
+    ]
+    shared = 0
+    while shared < min(map(len, turns)) and turns[0][shared] == turns[1][shared]:
+        shared += 1
+    with_turn = tuple(turns[0][:shared])
+    return [alone, with_turn] if len(with_turn) > len(alone) and with_turn[: len(alone)] == alone else [alone]
 
 
 def read_snapshot_info(manifest: Manifest) -> SnapshotInfo | None:

@@ -247,10 +247,16 @@ class Engine:
         ids = tuple(token_ids)
         self._on_engine_thread(lambda: self._prefix_cache.pin(ids, kv))
 
-    def warm_prefix(self, token_ids: Sequence[int]) -> int:
-        """Compute and pin the KV of `token_ids` (all of them, not only whole blocks); returns how many."""
-        self.pin_prefix(token_ids, self.compute_prefix(token_ids))
-        return len(token_ids)
+    def warm_prefixes(self, prefixes: Sequence[Sequence[int]]) -> int:
+        """Compute the KV of the longest of `prefixes` once and pin each (all of its tokens, not only whole
+        blocks); every one must start the longest. Returns how many tokens were computed."""
+        longest = max(prefixes, key=len)
+        if any(tuple(p) != tuple(longest[: len(p)]) for p in prefixes):
+            raise ValueError("prefixes to warm together must each start the longest of them")
+        kv = self.compute_prefix(longest)
+        for prefix in prefixes:
+            self.pin_prefix(prefix, kv[:, :, : len(prefix)])
+        return len(longest)
 
     def _on_engine_thread(self, work: Callable[[], T]) -> T:
         """Run `work` between steps on the engine thread (the KV pool's owner), or here if it is not started."""

@@ -260,7 +260,7 @@ def start_engine(
     build = SessionBuild(bundle.model_path, SessionOptions.for_engine(config))
     with TIMELINE.phase("imports_engine"):
         from runtime.engine.engine import Engine
-        from runtime.snapshot import restore_snapshot
+        from runtime.snapshot import restore_snapshot, system_prompt_prefixes
 
     engine = Engine(bundle, config, on_step=_record_first_step, session_build=build)
     TIMELINE.record("session", build.started, build.started + build.duration)
@@ -276,12 +276,11 @@ def start_engine(
         if result.restored:
             log.info("snapshot: %d prefix token(s) restored into the prefix cache", result.restored_tokens)
     if system_prompt:
-        system = [{"role": "system", "content": system_prompt}]
-        prefix = engine.tokenizer.encode(engine.tokenizer.apply_chat_template(system, add_generation_prompt=False))
-        if tuple(prefix) not in restored:
+        prefixes = system_prompt_prefixes(engine.tokenizer, system_prompt)
+        if not restored.issuperset(prefixes):
             with TIMELINE.phase("system_prompt_prefill"):
-                engine.warm_prefix(prefix)
-            log.info("system prompt: %d tokens computed and pinned in the prefix cache", len(prefix))
+                computed = engine.warm_prefixes(prefixes)
+            log.info("system prompt: %d tokens computed and pinned in the prefix cache", computed)
     return engine
 
 

@@ -29,18 +29,23 @@ def test_build_snapshots_the_system_prompt_kv(bundle: Bundle, engine: Engine) ->
     assert info is not None
     assert (info.onnxruntime, info.providers, info.kv_dtype) == (onnxruntime.__version__, ("cpu",), "float32")
     assert info.model_sha256 == bundle.manifest.files["model.onnx"].sha256
-    (prefix,) = info.prefixes
+    alone, with_turn = info.prefixes
     system_only = [{"role": "system", "content": SYSTEM_PROMPT}]
     expected_ids = engine.tokenizer.encode(engine.tokenizer.apply_chat_template(system_only, False))
-    assert prefix.token_ids == tuple(expected_ids)
-    assert len(prefix.token_ids) == 21  # shorter than a 32-token prefix-cache block: pinned whole
-    assert bundle.manifest.files[prefix.file] == file_digest(bundle.path / prefix.file)
-    kv = np.load(bundle.path / prefix.file)
+    assert alone.token_ids == tuple(expected_ids)
+    assert len(alone.token_ids) == 21  # shorter than a 32-token prefix-cache block: pinned whole
+    # The second adds the user turn's opening, `<|im_start|>user\n`: what every chat with a user turn shares.
+    assert with_turn.name == "system_prompt_user_turn"
+    assert with_turn.token_ids[:21] == alone.token_ids and len(with_turn.token_ids) == 24
+    assert chat(engine, QUESTIONS[0])[:24] == with_turn.token_ids
     facts = bundle.manifest.model
-    assert kv.shape == (2 * facts.num_layers, facts.num_kv_heads, 21, facts.head_dim)
-    # It is the KV this runtime computes for that prompt on this machine.
-    np.testing.assert_allclose(kv, engine.compute_prefix(prefix.token_ids), rtol=0, atol=1e-4)
-    assert np.abs(kv).max() > 0.1
+    for prefix in (alone, with_turn):
+        assert bundle.manifest.files[prefix.file] == file_digest(bundle.path / prefix.file)
+        kv = np.load(bundle.path / prefix.file)
+        assert kv.shape == (2 * facts.num_layers, facts.num_kv_heads, len(prefix.token_ids), facts.head_dim)
+        # It is the KV this runtime computes for that prompt on this machine.
+        np.testing.assert_allclose(kv, engine.compute_prefix(prefix.token_ids), rtol=0, atol=1e-4)
+        assert np.abs(kv).max() > 0.1
 
 
 def test_restored_snapshot_skips_the_system_prompt_and_keeps_outputs(bundle: Bundle, engine: Engine) -> None:
@@ -48,16 +53,27 @@ def test_restored_snapshot_skips_the_system_prompt_and_keeps_outputs(bundle: Bun
     restored.start()
     try:
         result = restore_snapshot(restored, bundle)
-        assert result.ignored is None and result.restored_tokens == 21
-        assert restored.stats().prefix_cache_bytes == 21 * bundle.manifest.model.kv_bytes_per_token()
+        assert result.ignored is None and result.restored_tokens == 21 + 24
+        assert restored.stats().prefix_cache_bytes == (21 + 24) * bundle.manifest.model.kv_bytes_per_token()
         for i, question in enumerate(QUESTIONS):
             prompt = chat(engine, question)
             before = restored.stats()
             assert greedy(restored, f"snap-{i}", prompt) == greedy(engine, f"plain-{i}", prompt)
             after = restored.stats()
             assert after.prefix_hits == before.prefix_hits + 1
-            computed = after.tokens_in - before.tokens_in
-            assert computed < len(prompt) - 20  # only what follows the system prompt (and full-block hits)
+            assert after.tokens_in - before.tokens_in == len(prompt) - 24  # only the user's own words and the
+            # assistant turn's opening
+        # A chat that goes on with another role still skips the system block.
+        assistant_first = tuple(
+            restored.tokenizer.encode(
+                restored.tokenizer.apply_chat_template(
+                    [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "assistant", "content": "Hello."}]
+                )
+            )
+        )
+        before = restored.stats()
+        assert greedy(restored, "assistant-first", assistant_first) == greedy(engine, "af-plain", assistant_first)
+        assert restored.stats().tokens_in - before.tokens_in == len(assistant_first) - 21
         # A chat without the system prompt shares no prefix with it: computed in full, same tokens.
         other = chat(engine, QUESTIONS[0], system="Answer in French.")
         assert greedy(restored, "other", other) == greedy(engine, "other-plain", other)

@@ -123,7 +123,7 @@ def test_prefix_cache_hit_gives_the_same_tokens(bundle: Bundle, tokenizer: Token
         warm.shutdown()
 
 
-def test_warm_prefix_seeds_the_cache(bundle: Bundle, tokenizer: Tokenizer) -> None:
+def test_warm_prefixes_seed_the_cache(bundle: Bundle, tokenizer: Tokenizer) -> None:
     system = tokenizer.encode(tokenizer.apply_chat_template([{"role": "system", "content": "Answer briefly."}], False))
     prompt = tuple(tokenizer.encode(tokenizer.apply_chat_template(
         [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": QUESTIONS[0]}]
@@ -132,7 +132,9 @@ def test_warm_prefix_seeds_the_cache(bundle: Bundle, tokenizer: Tokenizer) -> No
     try:
         eng.start()
         # The whole prefix is pinned, though it fills no 16-token block.
-        assert 0 < eng.warm_prefix(system) == len(system) < 16
+        assert 0 < eng.warm_prefixes([system]) == len(system) < 16
+        with pytest.raises(ValueError, match="must each start the longest"):
+            eng.warm_prefixes([system, [system[0] + 1]])
         before = eng.stats()
         run(eng, "after-warm", prompt)
         after = eng.stats()
