@@ -8,7 +8,8 @@ a range onto 2 MiB pages in place, whatever the THP mode short of `never`.
 
 Measured on this machine (int8 demo, 2 threads): a plain decode step 16.8 -> 14.8 ms; the engine's
 batch-1 decode 58.6 -> 65.7 tok/s. Prefill (compute-bound) did not change, so only the memory the
-decode session's build added is moved: about 180 MB, about 350 ms of one background thread.
+decode session's build added is moved: about 180-380 MB, about 0.3-0.4 s of one background thread,
+in chunks moved only once the engine has been idle for a while (moving pages stalls page faults).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import errno
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,9 @@ MADV_COLLAPSE = 25  # include/uapi/asm-generic/mman-common.h, the same on every 
 # Only ranges this full of touched pages are moved: collapsing commits the untouched ones too (a KV pool
 # allocated by then is mostly untouched, and would otherwise grow the resident memory by its size).
 MIN_DENSITY = 0.9
+# Moved at a time: the kernel holds the process's memory-map lock while it copies, so other threads'
+# page faults wait; 8 MiB is ~10 ms of copying.
+CHUNK = 8 << 20
 
 Interval = tuple[int, int]  # [start, end) of an address range
 
@@ -116,8 +120,11 @@ def huge_page_size() -> int:
         return 2 << 20
 
 
-def collapse(added: Sequence[Interval]) -> CollapseReport:
-    """Move the dense parts of `added` onto huge pages; never raises for what the kernel refuses."""
+def collapse(added: Sequence[Interval], before_each: Callable[[], object] = lambda: None) -> CollapseReport:
+    """Move the dense parts of `added` onto huge pages; never raises for what the kernel refuses.
+
+    `before_each` runs before every `CHUNK` moved, and may block: the engine waits there until it is idle.
+    """
     started = time.perf_counter()
     if not sys.platform.startswith("linux"):
         return CollapseReport(0, 0, 0.0, f"MADV_COLLAPSE is Linux-only (this is {sys.platform})")
@@ -129,7 +136,10 @@ def collapse(added: Sequence[Interval]) -> CollapseReport:
     madvise = ctypes.CDLL(None, use_errno=True).madvise
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     collapsed = failed = 0
-    for low, high in ranges:
+    step = max(CHUNK, page)
+    chunks = [(start, min(start + step, high)) for low, high in ranges for start in range(low, high, step)]
+    for low, high in chunks:
+        before_each()
         if madvise(low, high - low, MADV_COLLAPSE) == 0:
             collapsed += high - low
             continue

@@ -11,7 +11,7 @@ import pytest
 
 from runtime.bundle import Bundle
 from runtime.engine.engine import Engine, EngineConfig
-from runtime.engine.huge_pages import collapse, memory_map, subtract, writable_anonymous
+from runtime.engine.huge_pages import CHUNK, collapse, memory_map, subtract, writable_anonymous
 from runtime.engine.request import GenerationRequest, SamplingParams
 from runtime.engine.tokenizer import Tokenizer
 from tests.engine.conftest import chat_ids
@@ -62,11 +62,13 @@ def test_dense_memory_moves_onto_huge_pages_with_its_contents_and_sparse_memory_
     added = subtract(memory_map(), before)
     assert sum(end - start for start, end in added) >= 2 * size
 
-    report = collapse(added)
+    chunks: list[None] = []
+    report = collapse(added, before_each=lambda: chunks.append(None))  # the engine blocks here while busy
     if report.unsupported:
         pytest.skip(report.describe())
     assert report.collapsed_bytes >= size - (4 << 20)  # the dense map, less partial huge pages at its ends
     assert report.collapsed_bytes < 2 * size - (8 << 20)  # not the sparse one
+    assert len(chunks) >= report.collapsed_bytes // CHUNK >= 7  # asked before every 8 MiB moved
     address = _address_of(dense)
     assert _mapping_of(address)["AnonHugePages"] >= size - (4 << 20)
     assert dense[:] == pattern
