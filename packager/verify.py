@@ -24,6 +24,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from packager.errors import UserError
+from runtime.engine.kv_cache import common_prefix_length
 
 CONTINUATION_TOKENS = 24
 QUALITY_FORMAT_VERSION = 1
@@ -154,7 +155,7 @@ class QualityEvaluator:
         # The prompts share the chat template's system preamble: its KV is computed once per model.
         # (Each prompt keeps at least its last token: its logits predict the continuation's first.)
         shortest = min(map(len, self._prompts))
-        self._prefix = self._prompts[0][: min(_common_prefix_length(self._prompts), shortest - 1)]
+        self._prefix = self._prompts[0][: min(common_prefix_length(self._prompts), shortest - 1)]
 
         total = 2 + 2 * len(self._prompts)
         self._report(0, total)
@@ -375,12 +376,3 @@ def _perplexity(decoder: _Decoder, token_ids: list[int]) -> float:
     logits, _ = decoder.forward(token_ids[:-1])
     log_probs = _log_softmax(logits)[np.arange(len(token_ids) - 1), token_ids[1:]]
     return float(np.exp(-log_probs.mean()))
-
-
-def _common_prefix_length(sequences: list[list[int]]) -> int:
-    length = 0
-    for column in zip(*sequences, strict=False):  # up to the shortest sequence
-        if len(set(column)) != 1:
-            break
-        length += 1
-    return length

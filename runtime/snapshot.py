@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from runtime.bundle import Bundle, Manifest
+from runtime.engine.kv_cache import common_prefix_length
 
 if TYPE_CHECKING:
     from runtime.engine.engine import Engine
@@ -114,10 +115,7 @@ def system_prompt_prefixes(tokenizer: Tokenizer, system_prompt: str) -> list[tup
         tokenizer.encode(tokenizer.apply_chat_template([*system, {"role": "user", "content": text}]))
         for text in ("Hi", "42 ?")
     ]
-    shared = 0
-    while shared < min(map(len, turns)) and turns[0][shared] == turns[1][shared]:
-        shared += 1
-    with_turn = tuple(turns[0][:shared])
+    with_turn = tuple(turns[0][: common_prefix_length(turns)])
     return [alone, with_turn] if len(with_turn) > len(alone) and with_turn[: len(alone)] == alone else [alone]
 
 

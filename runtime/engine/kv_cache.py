@@ -80,6 +80,16 @@ class KVPool:
             tensor[slot, :, start:stop] = part
 
 
+def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens every one of `sequences` shares."""
+    length = 0
+    for column in zip(*sequences, strict=False):  # up to the shortest sequence
+        if len(set(column)) != 1:
+            break
+        length += 1
+    return length
+
+
 def block_keys(token_ids: Sequence[int], block_size: int) -> list[bytes]:
     """A hash chain over the full blocks of `token_ids`: each key covers its block and every earlier one."""
     keys: list[bytes] = []
