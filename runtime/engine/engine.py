@@ -153,6 +153,8 @@ class Engine:
         self._huge_pages: Future[CollapseReport] | None = None
         if self._prefill_pending is None:
             self._move_to_huge_pages()
+        else:  # an idle loop must wake to switch, or an idle server would wait for a request to do so
+            self._prefill_pending.when_done(self._wake)
 
     # Lifecycle.
     def start(self) -> None:
@@ -196,6 +198,9 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         self._scheduler.abort(request_id)
+        self._wake()
+
+    def _wake(self) -> None:
         with self._wakeup:
             self._wakeup.notify()
 
@@ -295,12 +300,13 @@ class Engine:
         """Run one scheduling step on the caller's thread (tests; the loop does this once started)."""
         if self._thread is not None:
             raise RuntimeError("the engine's step loop is running; step() is for an engine that was not started")
+        self._use_prefill_graph(wait=False)
         return self._step()
 
     def _loop(self) -> None:
         while True:
             with self._wakeup:
-                while not self._stopping and not self._scheduler.has_work() and not self._jobs:
+                while not (self._stopping or self._scheduler.has_work() or self._jobs or self._prefill_built()):
                     if not self._idle.is_set():
                         self._idle_since = time.monotonic()
                         self._idle.set()
@@ -311,6 +317,7 @@ class Engine:
                 jobs, self._jobs = self._jobs, []
             for job in jobs:
                 job()
+            self._use_prefill_graph(wait=False)
             if not self._scheduler.has_work():
                 continue
             try:
@@ -337,6 +344,9 @@ class Engine:
             log.info("prefill graph in use (built in %.2f s)", build.duration)
         self._set_kv_reuse()
         self._move_to_huge_pages()
+
+    def _prefill_built(self) -> bool:
+        return self._prefill_pending is not None and self._prefill_pending.done
 
     def _wait_until_quiet(self) -> None:
         """Block until the step loop has waited for work for `QUIET_S` seconds in a row."""
@@ -368,7 +378,6 @@ class Engine:
             self._huge_pages.add_done_callback(lambda done: log.info(done.result().describe()))
 
     def _step(self) -> StepReport:
-        self._use_prefill_graph(wait=False)
         started = time.perf_counter()
         work = self._scheduler.schedule()
         for group in work.aborted:

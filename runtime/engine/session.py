@@ -15,7 +15,7 @@ from __future__ import annotations
 import atexit
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
@@ -136,6 +136,10 @@ class SessionBuild:
     @property
     def done(self) -> bool:
         return self._done.done()
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the build has finished or failed (on the building thread, or here if it has)."""
+        self._done.add_done_callback(lambda _: callback())
 
     @property
     def duration(self) -> float:

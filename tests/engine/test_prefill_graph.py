@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -147,5 +148,23 @@ def test_a_prefill_graph_that_fails_to_load_leaves_the_decode_graph_serving(
         # One graph for prompts and decoding again: generated tokens' KV is reusable too.
         blocks = engine.stats().prefix_cache_bytes // (8 * broken.manifest.model.kv_bytes_per_token())
         assert blocks == (len(prompt) + 8) // 8
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.real_model
+def test_an_idle_engine_switches_to_the_prefill_graph_once_it_is_built(bundle: Bundle) -> None:
+    """No request has to arrive first: a server's `/ready` reports the switch, and pages move, while idle."""
+    if PREFILL_MODEL_FILE not in bundle.manifest.files:
+        pytest.skip("the test bundle was built without a prefill graph")
+    config = EngineConfig(max_batch=1, max_context=256, prefix_block_size=8, defer_prefill_graph=True)
+    engine = Engine(bundle, config)
+    engine.start()
+    try:
+        deadline = time.monotonic() + 60
+        while engine.prefill_graph == "loading" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.prefill_graph == "prefill graph"
+        assert engine.stats().steps == 0
     finally:
         engine.shutdown()
