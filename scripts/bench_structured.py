@@ -22,7 +22,8 @@ from rich.table import Table
 
 from runtime.bundle import open_bundle
 from runtime.engine import constraints, sampling
-from runtime.engine.engine import Engine, EngineConfig, StepReport
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.reports import StepReport
 from runtime.engine.request import GenerationRequest, SamplingParams
 
 DEFAULT_BUNDLE = Path(__file__).resolve().parents[1] / "build" / "smollm2-chat" / "bundle"

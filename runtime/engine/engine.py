@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
@@ -31,6 +30,7 @@ from runtime.engine.huge_pages import CollapseReport, collapse
 from runtime.engine.kv_cache import KVPool, PrefixCache, context_for_budget
 from runtime.engine.output import OutputProcessor
 from runtime.engine.providers import short_name
+from runtime.engine.reports import EngineStats, LoadTimes, RequestTiming, StepReport, request_timing
 from runtime.engine.request import EngineError, GenerationRequest, InvalidRequestError, SequenceOutput
 from runtime.engine.runner import ModelRunner
 from runtime.engine.sampling import SequenceSampler
@@ -45,57 +45,6 @@ log = logging.getLogger("runtime.engine")
 
 T = TypeVar("T")
 QUIET_S = 0.5  # idle this long before background work that slows requests (huge pages) goes on
-
-
-@dataclass(frozen=True)
-class LoadTimes:
-    """Seconds each part of `Engine.__init__` took; the session and the tokenizer load concurrently.
-
-    `session` counts from when its build started, which may be before the engine was created.
-    """
-
-    session: float
-    tokenizer: float
-    total: float
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot; counters (tokens, steps, hits) grow from engine creation."""
-
-    queued: int  # requests waiting for slots
-    running: int  # requests holding slots (prefilling or decoding)
-    kv_used_bytes: int  # KV of the tokens computed so far by running sequences
-    kv_capacity_bytes: int
-    prefix_cache_bytes: int
-    prefix_hits: int
-    tokens_in: int
-    tokens_out: int
-    steps: int
-    last_batch_size: int
-    draft_tokens: int = 0  # drafted by prompt lookup and verified
-    accepted_draft_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class RequestTiming:
-    request_id: str
-    time_to_first_token: float  # seconds from submit to the first token
-    time_per_output_token: float  # seconds per token after the first (0 with one token)
-    prompt_tokens: int
-    completion_tokens: int
-
-
-@dataclass(frozen=True)
-class StepReport:
-    duration: float  # seconds
-    batch_size: int  # sequences decoded this step
-    prefill_tokens: int
-    decode_tokens: int
-    first_tokens: tuple[float, ...]  # TTFT of each request whose first token came this step
-    finished: tuple[RequestTiming, ...]
-    queued: int
-    kv_used_bytes: int
 
 
 class Engine:
@@ -400,7 +349,7 @@ class Engine:
             if output.finish_reason is not None:
                 self._scheduler.finish(seq)
                 if group.finished:
-                    finished.append(_timing(group, now))
+                    finished.append(request_timing(group, now))
             self._push(group, output, now)
         prefill_tokens = sum(c.stop - c.start for c in work.prefills)
         self._tokens_in += prefill_tokens
@@ -471,18 +420,6 @@ def _settle(done: Future[T], work: Callable[[], T], stopping: bool) -> None:
         done.set_result(work())
     except BaseException as exc:  # handed to the waiting caller, who re-raises it
         done.set_exception(exc)
-
-
-def _timing(group: RequestState, now: float) -> RequestTiming:
-    first = group.first_token_at or now
-    completion = max(s.output.completion_tokens for s in group.sequences)
-    return RequestTiming(
-        request_id=group.request.request_id,
-        time_to_first_token=first - group.submitted_at,
-        time_per_output_token=(now - first) / (completion - 1) if completion > 1 else 0.0,
-        prompt_tokens=group.prompt_len,
-        completion_tokens=sum(s.output.completion_tokens for s in group.sequences),
-    )
 
 
 def _merge(outputs: list[SequenceOutput]) -> SequenceOutput:

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from runtime.bundle import Manifest
     from runtime.encoder.engine import EncoderConfig
     from runtime.engine.config import EngineConfig
-    from runtime.engine.engine import Engine, StepReport
+    from runtime.engine.engine import Engine
+    from runtime.engine.reports import StepReport
     from runtime.server.protocol import RequestPolicy
 
 log = logging.getLogger("runtime.server")

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from runtime.bundle import open_bundle, read_manifest
-from runtime.engine.engine import Engine, EngineConfig, StepReport
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.reports import StepReport
 from runtime.events import lambda_handler
 from runtime.events.handler import QueueHandler
 from runtime.events.results import Ledger, ResultStore
