@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
@@ -12,6 +13,10 @@ T = TypeVar("T")
 
 # 10, not 19: still ~10 % of a core against busy threads, so a loaded engine gets the work done in seconds.
 BACKGROUND_NICE = 10
+QUIET_S = 0.5  # idle this long before background work that slows requests (huge pages) goes on
+# ... but never wait longer than this for it: a loop busy from the start would otherwise keep the work
+# waiting forever, though each piece costs a running batch only milliseconds.
+PATIENCE_S = 1.0
 
 
 def lower_priority() -> None:
@@ -33,3 +38,37 @@ def run_in_background(work: Callable[[], T], name: str) -> Future[T]:
 
     threading.Thread(target=run, name=name, daemon=True).start()
     return done
+
+
+class Idleness:
+    """Whether the engine's step loop is waiting for work, and since when: background work waits for quiet."""
+
+    def __init__(self) -> None:
+        self._idle = threading.Event()
+        self._idle.set()  # a loop not started yet is idle
+        self._since = time.monotonic()
+
+    def enter(self) -> None:
+        """The loop waits for work."""
+        if not self._idle.is_set():
+            self._since = time.monotonic()
+            self._idle.set()
+
+    def leave(self) -> None:
+        """The loop has work."""
+        self._idle.clear()
+
+    def wait_quiet(self, quiet_s: float = QUIET_S, patience_s: float = PATIENCE_S) -> bool:
+        """Block until the loop has been idle for `quiet_s` in a row (True), or for at most `patience_s` (False)."""
+        deadline = time.monotonic() + patience_s
+        while True:
+            now = time.monotonic()
+            idle = self._idle.is_set()
+            if idle and now - self._since >= quiet_s:
+                return True
+            if now >= deadline:
+                return False
+            if idle:
+                time.sleep(min(quiet_s - (now - self._since), deadline - now))
+            else:
+                self._idle.wait(deadline - now)

@@ -23,7 +23,7 @@ from typing import TypeVar
 import numpy as np
 
 from runtime.bundle import Bundle
-from runtime.engine.background import run_in_background
+from runtime.engine.background import Idleness, run_in_background
 from runtime.engine.config import EngineConfig
 from runtime.engine.constraints import Grammars
 from runtime.engine.huge_pages import CollapseReport, collapse
@@ -44,7 +44,6 @@ from runtime.engine.validation import validate_request
 log = logging.getLogger("runtime.engine")
 
 T = TypeVar("T")
-QUIET_S = 0.5  # idle this long before background work that slows requests (huge pages) goes on
 
 
 class Engine:
@@ -93,9 +92,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._jobs: list[Callable[[], None]] = []  # run on the engine thread between steps
-        self._idle = threading.Event()  # set while the step loop waits for work (or has not started)
-        self._idle.set()
-        self._idle_since = time.monotonic()
+        self._idleness = Idleness()
         self._tokens_in = self._tokens_out = self._steps = self._last_batch = 0
         self.load_times = LoadTimes(session_s, tokenizer_s, time.perf_counter() - started)
         self._decode_memory = build.allocated
@@ -256,11 +253,9 @@ class Engine:
         while True:
             with self._wakeup:
                 while not (self._stopping or self._scheduler.has_work() or self._jobs or self._prefill_built()):
-                    if not self._idle.is_set():
-                        self._idle_since = time.monotonic()
-                        self._idle.set()
+                    self._idleness.enter()
                     self._wakeup.wait()
-                self._idle.clear()
+                self._idleness.leave()
                 if self._stopping:
                     return
                 jobs, self._jobs = self._jobs, []
@@ -297,15 +292,6 @@ class Engine:
     def _prefill_built(self) -> bool:
         return self._prefill_pending is not None and self._prefill_pending.done
 
-    def _wait_until_quiet(self) -> None:
-        """Block until the step loop has waited for work for `QUIET_S` seconds in a row."""
-        while True:
-            self._idle.wait()
-            quiet = time.monotonic() - self._idle_since
-            if quiet >= QUIET_S and self._idle.is_set():
-                return
-            time.sleep(max(QUIET_S - quiet, 0.01))
-
     def _set_kv_reuse(self) -> None:
         """What the prefix cache may keep follows from the graphs in use: a cache hit must equal a miss.
 
@@ -319,10 +305,11 @@ class Engine:
     def _move_to_huge_pages(self) -> None:
         """Once every session is built (it would slow their builds): the decode weights onto huge pages."""
         if self.config.huge_pages:
-            # Only while no request runs: moving pages stalls the engine's page faults (measured: a first
-            # request's TTFT 130 -> 294 ms when it ran beside the collapse).
+            # Preferably while no request runs: moving pages stalls the engine's page faults (measured: a
+            # first request's TTFT 130 -> 294 ms when it ran beside the collapse). A loop never idle gets a
+            # chunk (~10 ms of stalls at most) every `PATIENCE_S`.
             self._huge_pages = run_in_background(
-                lambda: collapse(self._decode_memory, before_each=self._wait_until_quiet), "onnxfn-huge-pages"
+                lambda: collapse(self._decode_memory, before_each=self._idleness.wait_quiet), "onnxfn-huge-pages"
             )
             self._huge_pages.add_done_callback(lambda done: log.info(done.result().describe()))
 

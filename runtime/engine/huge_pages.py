@@ -9,7 +9,7 @@ a range onto 2 MiB pages in place, whatever the THP mode short of `never`.
 Measured on this machine (int8 demo, 2 threads): a plain decode step 16.8 -> 14.8 ms; the engine's
 batch-1 decode 58.6 -> 65.7 tok/s. Prefill (compute-bound) did not change, so only the memory the
 decode session's build added is moved: about 180-380 MB, about 0.3-0.4 s of one background thread,
-in chunks moved only once the engine has been idle for a while (moving pages stalls page faults).
+in chunks moved preferably while the engine is idle (moving pages stalls page faults).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def huge_page_size() -> int:
 def collapse(added: Sequence[Interval], before_each: Callable[[], object] = lambda: None) -> CollapseReport:
     """Move the dense parts of `added` onto huge pages; never raises for what the kernel refuses.
 
-    `before_each` runs before every `CHUNK` moved, and may block: the engine waits there until it is idle.
+    `before_each` runs before every `CHUNK` moved, and may block: the engine waits there for an idle loop.
     """
     started = time.perf_counter()
     if not sys.platform.startswith("linux"):
