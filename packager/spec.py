@@ -83,6 +83,7 @@ class RuntimeSection:
     prefill_chunk: int = bounded(64, lo=1)
     threads: int = bounded(2, lo=1, hi=256)
     spin: bool = True
+    decode: str = choice("latency", "throughput", default="latency")
     providers: list[str] = field(
         default_factory=lambda: ["cpu"], metadata={"item_choices": ("cpu", "cuda", "tensorrt")}
     )
@@ -288,6 +289,13 @@ def _check_cross_field(spec: FunctionSpec, path: Path) -> None:
         problems.append(
             f"export.precision = {spec.export.precision!r} does not apply to model.task = {spec.model.task!r}; "
             f"choose from {', '.join(allowed)}"
+        )
+    if spec.runtime.decode == "throughput" and not (
+        spec.model.task not in ENCODER_TASKS and spec.export.prefill_graph and spec.runtime.providers[:1] == ["cpu"]
+    ):
+        problems.append(
+            "runtime.decode = 'throughput' decodes through the prefill graph: it needs a generative model.task, "
+            "export.prefill_graph = true and 'cpu' first in runtime.providers"
         )
     if not spec.name.replace("-", "").replace("_", "").isalnum():
         problems.append(f"name = {spec.name!r}: use letters, digits, '-' and '_' only")

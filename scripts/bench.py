@@ -122,6 +122,7 @@ def available(systems: list[str], notes: list[str]) -> list[str]:
     needs = {
         "onnxfn": "runtime.engine.engine",
         "onnxfn-http": "runtime.__main__",
+        "onnxfn-http-throughput": "runtime.__main__",
         "genai": "onnxruntime_genai",
         "llamacpp": "llama_cpp",
         "llamacpp-server": "llama_cpp.server",

@@ -20,6 +20,7 @@ def server_flags(spec: FunctionSpec) -> list[str]:
         "--prefill-chunk", str(rt.prefill_chunk),
         "--threads", str(rt.threads),
         "--spin" if rt.spin else "--no-spin",
+        "--decode", rt.decode,
         "--providers", ",".join(rt.providers),
         "--temperature", str(rt.sampling.temperature),
         "--top-p", str(rt.sampling.top_p),

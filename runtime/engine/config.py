@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,12 @@ class EngineConfig:
     # Run prompts through the bundle's prefill graph when it has one and the first provider is the CPU:
     # ~2.5x less prefill compute for ~430 MB more memory (fp32 weights) on an int8 bundle.
     prefill_graph: bool = True
+    # What decoding runs through. `latency`: the int8 graph, the fastest single stream (memory-bound). On
+    # an AVX2 CPU without VNNI its int8 matmuls gain little from more rows (step 16 ms at batch 1, 88 at 8).
+    # `throughput`: the prefill graph (fp32 matmuls on the same weights) runs prompts and decoding alike
+    # (26 ms at batch 1, 57 at 8): for functions that serve several streams at once. Either way one graph
+    # decodes every batch size, so a greedy request gets the same tokens alone and in a batch.
+    decode: Literal["latency", "throughput"] = "latency"
     # Ready as soon as the decode graph is loaded; the prefill graph loads after, and until it is in use
     # prompts run through the decode graph (same weights, int8 activations) and are not prefix-cached.
     # Servers start this way (a cold start waits for one session instead of two); in-process users get a

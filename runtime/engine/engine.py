@@ -35,7 +35,15 @@ from runtime.engine.request import EngineError, GenerationRequest, InvalidReques
 from runtime.engine.runner import ModelRunner
 from runtime.engine.sampling import SequenceSampler
 from runtime.engine.scheduler import RequestState, Scheduler, SequenceState, SequenceStatus
-from runtime.engine.session import PREFILL_MODEL_FILE, DecoderSession, SessionBuild, SessionOptions, WarmUp
+from runtime.engine.session import (
+    PREFILL_MODEL_FILE,
+    DecoderSession,
+    SessionBuild,
+    SessionOptions,
+    WarmUp,
+    decode_graph_path,
+    prefill_graph_usable,
+)
 from runtime.engine.speculative import PromptLookup
 from runtime.engine.stream import RequestStream
 from runtime.engine.tokenizer import Tokenizer
@@ -60,8 +68,14 @@ class Engine:
         self.config = config
         self._facts = facts
         self.max_context = context_for_budget(facts, config.max_batch, config.kv_memory_bytes, config.max_context)
-        build = session_build or SessionBuild(bundle.model_path, SessionOptions.for_engine(config))
-        prefill_build = _prefill_build(bundle, config, background=config.defer_prefill_graph)
+        # Throughput mode: the prefill graph is the one session, decoding included (see `EngineConfig.decode`).
+        self._throughput = config.decode == "throughput" and prefill_graph_usable(bundle, config)
+        if config.decode == "throughput" and not self._throughput:
+            log.warning("decode = throughput needs the bundle's prefill graph on the CPU: decoding runs the int8 graph")
+        if self._throughput and config.speculative:
+            raise ValueError("speculative decoding verifies drafts through the int8 graph: use decode = latency")
+        build = session_build or SessionBuild(decode_graph_path(bundle, config), SessionOptions.for_engine(config))
+        prefill_build = None if self._throughput else _prefill_build(bundle, config, config.defer_prefill_graph)
         # The session builds (prepacking the weights) on its own thread, without the GIL, while this one
         # parses the tokenizer.
         self.tokenizer = Tokenizer(bundle.tokenizer_path, facts.chat_template, facts.bos_token_id, facts.eos_token_ids)
@@ -178,7 +192,7 @@ class Engine:
         """What prompts run through: `decode graph`, `prefill graph`, or `loading` (the decode graph, for now)."""
         if self._prefill_pending is not None:
             return "loading"
-        return "prefill graph" if self._decoder.has_prefill_graph else "decode graph"
+        return "prefill graph" if self._decoder.has_prefill_graph or self._throughput else "decode graph"
 
     def wait_for_prefill_graph(self) -> None:
         """Block until a deferred prefill graph is in use (or has failed to load); at once without one."""
@@ -388,9 +402,9 @@ class Engine:
         return SequenceState(group, index, sampler, output)
 
 
-def _prefill_build(bundle: Bundle, config: EngineConfig, *, background: bool = False) -> SessionBuild | None:
+def _prefill_build(bundle: Bundle, config: EngineConfig, background: bool) -> SessionBuild | None:
     """Start building the bundle's prefill graph (if it has one and the engine runs on the CPU) beside the decoder."""
-    if not (config.prefill_graph and config.providers[:1] == ("cpu",) and PREFILL_MODEL_FILE in bundle.manifest.files):
+    if not prefill_graph_usable(bundle, config):
         return None
     # A graph used at once gets its warm-up through the engine's bindings (`DecoderSession.warm_up`); one
     # built in the background is warmed on its own thread, before the engine switches to it.

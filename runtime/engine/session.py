@@ -7,7 +7,8 @@ rebinds the two small integer inputs and the logits view.
 
 A bundle may carry a second graph for prompts, `prefill.onnx` (see packager/export/prefill.py): the
 same model with fp32 matmuls and logits for the last position only. Both sessions bind the same KV
-buffers, so a prompt prefilled by one is decoded by the other without a copy.
+buffers, so a prompt prefilled by one is decoded by the other without a copy. In `throughput` mode
+(`EngineConfig.decode`) the prefill graph is the only session and decodes too.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from runtime.bundle import DecoderIO, ModelFacts
+from runtime.bundle import Bundle, DecoderIO, ModelFacts
 from runtime.engine.background import lower_priority
 from runtime.engine.config import EngineConfig
 from runtime.engine.huge_pages import Interval, memory_map, subtract
@@ -88,6 +89,18 @@ def _finish_builds() -> None:
     ("terminate called without an active exception"), whichever way the process ends.
     """
     futures_wait(list(_building))
+
+
+def prefill_graph_usable(bundle: Bundle, config: EngineConfig) -> bool:
+    """The bundle carries a prefill graph and the engine may run it (on the CPU: it is built for it)."""
+    return config.prefill_graph and config.providers[:1] == ("cpu",) and PREFILL_MODEL_FILE in bundle.manifest.files
+
+
+def decode_graph_path(bundle: Bundle, config: EngineConfig) -> Path:
+    """The graph decoding runs through: the prefill graph in `throughput` mode (when usable), else the bundle's."""
+    if config.decode == "throughput" and prefill_graph_usable(bundle, config):
+        return bundle.path / PREFILL_MODEL_FILE
+    return bundle.model_path
 
 
 class SessionBuild:

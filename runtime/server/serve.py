@@ -77,6 +77,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     engine.add_argument("--providers", help="execution providers in order, comma-separated (cpu,cuda,tensorrt)")
     engine.add_argument(
+        "--decode",
+        choices=("latency", "throughput"),
+        help="latency: the int8 graph decodes (fastest single stream); throughput: the prefill graph decodes too "
+        "(faster from ~3 concurrent streams on CPUs without int8 dot products). Default: latency",
+    )
+    engine.add_argument(
         "--speculative",
         action=argparse.BooleanOptionalAction,
         help="prompt-lookup speculative decoding for greedy requests decoding alone (default: the engine's, off)",
@@ -99,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
     from runtime.bundle import BundleError, read_manifest
     from runtime.server.auth import AuthConfigError, load_api_key
 
+    if args.speculative and args.decode == "throughput":
+        print("error: --speculative verifies drafts through the int8 graph, which --decode throughput does not load; "
+              "drop one of them", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         manifest = read_manifest(args.bundle)
         api_key = load_api_key(args.api_key_env, args.api_key_file)
@@ -198,6 +208,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         overrides["prefix_cache_bytes"] = args.prefix_cache_mb << 20
     if args.speculative is not None:
         overrides["speculative"] = args.speculative
+    if args.decode is not None:
+        overrides["decode"] = args.decode
     if args.spin is not None:
         overrides["allow_spinning"] = args.spin
     if args.providers:
@@ -257,8 +269,8 @@ def start_engine(
         bundle = open_verified(bundle_dir)[0] if verify else open_bundle(bundle_dir, verify=False)
     # The session is the longest part of a start: begin it before anything else is imported.
     with TIMELINE.phase("imports_onnxruntime"):
-        from runtime.engine.session import SessionBuild, SessionOptions
-    build = SessionBuild(bundle.model_path, SessionOptions.for_engine(config))
+        from runtime.engine.session import SessionBuild, SessionOptions, decode_graph_path
+    build = SessionBuild(decode_graph_path(bundle, config), SessionOptions.for_engine(config))
     with TIMELINE.phase("imports_engine"):
         from runtime.engine.engine import Engine
         from runtime.snapshot import restore_snapshot, system_prompt_prefixes

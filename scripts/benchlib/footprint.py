@@ -46,6 +46,7 @@ def artifacts(bundle_dir: Path, gguf: Path, hf_dir: Path) -> dict[str, Artifact]
     return {
         "onnxfn": bundle,
         "onnxfn-http": bundle,
+        "onnxfn-http-throughput": bundle,
         "genai": bundle,
         "llamacpp": gguf_artifact,
         "llamacpp-server": gguf_artifact,

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from benchlib import embeddings
-from benchlib.systems import SERVERS
+from benchlib.systems import SERVERS, VARIANTS
 
 BUSY_SHARE = 0.05  # other processes' share of CPU time above which the report warns
 
@@ -44,6 +44,8 @@ def ratio(system: str, table: dict[str, dict[str, Any]], key: str, higher_is_bet
     base_name = baseline_of(system)
     if system == base_name:
         return "1.00", "baseline"
+    if system in VARIANTS:
+        return "-", "onnxfn, decode = throughput"
     mine, base = table.get(system, {}).get(key), table.get(base_name, {}).get(key)
     if mine is None or base is None or not mine or not base:
         return "-", f"no {base_name} figure"
@@ -117,7 +119,26 @@ def render_concurrency(results: dict[str, Any]) -> str:
                 ms(entry["ttft_p99_s"]), ms(entry["tpot_p50_s"]), ms(entry["tpot_p99_s"]),
             ])  # fmt: skip
     header = ["streams", "system", "aggregate tok/s", "onnxfn x", "verdict", "TTFT p50 ms", "TTFT p99 ms"]
-    return out + table([*header, "TPOT p50 ms", "TPOT p99 ms"], rows)
+    return out + table([*header, "TPOT p50 ms", "TPOT p99 ms"], rows) + render_variant_ratios(conc)
+
+
+def render_variant_ratios(conc: dict[str, Any]) -> str:
+    """The `onnxfn x` column compares with onnxfn's default; these compare its throughput mode with each peer."""
+    lines = []
+    for level in conc["levels"]:
+        systems = conc["systems_by_level"][str(level)]
+        for variant in VARIANTS:
+            mine = systems.get(variant, {}).get("aggregate_tok_s")
+            peers = [
+                f"{name} {mine / entry['aggregate_tok_s']:.2f}x"
+                for name, entry in systems.items()
+                if mine and name not in (variant, "onnxfn-http", "onnxfn") and entry.get("aggregate_tok_s")
+            ]
+            if peers:
+                lines.append(f"- {level} streams, {variant} against " + ", ".join(peers))
+    if not lines:
+        return ""
+    return "\nonnxfn with `decode = throughput` (over HTTP) / each peer, aggregate tok/s:\n\n" + "\n".join(lines) + "\n"
 
 
 def render_cold(results: dict[str, Any]) -> str:

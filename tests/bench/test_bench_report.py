@@ -57,3 +57,22 @@ def test_report_says_when_onnxfn_wins_and_keeps_failed_rows() -> None:
     assert "no onnxfn-http figure" in server_row
     failed_row = next(line for line in text.splitlines() if line.startswith("| transformers "))
     assert "error: failed to start: no / module" in failed_row  # a pipe would break the table
+
+
+def test_throughput_mode_is_shown_beside_the_default_and_compared_with_each_peer() -> None:
+    def entry(tok_s: float) -> dict:
+        return {"aggregate_tok_s": tok_s, "ttft_p50_s": 0.5, "ttft_p99_s": 1.0, "tpot_p50_s": 0.1, "tpot_p99_s": 0.1}
+
+    systems = {
+        "onnxfn-http": entry(75.0),
+        "onnxfn-http-throughput": entry(120.0),
+        "llamacpp-server": entry(40.0),
+        "genai": entry(60.0),
+    }
+    conc = {"levels": [8], "prompt_tokens": 32, "new_tokens": 64, "systems_by_level": {"8": systems}}
+    text = report.render_concurrency({"concurrency": conc})
+    variant_row = next(line for line in text.splitlines() if line.startswith("| 8 | onnxfn-http-throughput "))
+    assert "onnxfn, decode = throughput" in variant_row and "loses" not in variant_row
+    server_row = next(line for line in text.splitlines() if line.startswith("| 8 | llamacpp-server "))
+    assert "1.88" in server_row  # against onnxfn's default, as before
+    assert "- 8 streams, onnxfn-http-throughput against llamacpp-server 3.00x, genai 2.00x" in text

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -28,14 +31,17 @@ QUESTIONS = [
 ]
 
 
-def reference_greedy(bundle: Bundle, prompt: tuple[int, ...], new_tokens: int) -> list[int]:
+def reference_greedy(
+    bundle: Bundle, prompt: tuple[int, ...], new_tokens: int, decode_model: Path | None = None
+) -> list[int]:
     """Plain `session.run` with a KV cache that grows by concatenation: no IO binding, no shared buffer.
 
-    The prompt goes through the bundle's prefill graph when it has one, as in the engine.
+    The prompt goes through the bundle's prefill graph when it has one, as in the engine; the tokens after
+    it through `decode_model` (default: the bundle's int8 graph).
     """
     facts = bundle.manifest.model
     io = facts.io
-    session = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(decode_model or bundle.model_path), providers=["CPUExecutionProvider"])
     prompt_session = session
     if PREFILL_MODEL_FILE in bundle.manifest.files:
         prompt_session = ort.InferenceSession(str(bundle.path / PREFILL_MODEL_FILE), providers=["CPUExecutionProvider"])
@@ -66,7 +72,39 @@ def test_greedy_matches_plain_reference_loop(engine: Engine, bundle: Bundle, tok
     assert run(engine, "ref-0", prompt) == reference_greedy(bundle, prompt, GREEDY.max_tokens)
 
 
-def test_greedy_tokens_do_not_depend_on_the_batch(engine: Engine, tokenizer: Tokenizer) -> None:
+@pytest.fixture(scope="module")
+def throughput_engine(bundle: Bundle) -> Iterator[Engine]:
+    """An engine whose prefill graph decodes too (`decode = throughput`)."""
+    if PREFILL_MODEL_FILE not in bundle.manifest.files:
+        pytest.skip("the test bundle was built without a prefill graph")
+    kv = 8 * 512 * bundle.manifest.model.kv_bytes_per_token()
+    eng = Engine(bundle, EngineConfig(max_batch=8, kv_memory_bytes=kv, decode="throughput"))
+    eng.start()
+    yield eng
+    eng.shutdown()
+
+
+def test_throughput_mode_decodes_through_the_prefill_graph(
+    throughput_engine: Engine, bundle: Bundle, tokenizer: Tokenizer
+) -> None:
+    assert throughput_engine.prefill_graph == "prefill graph"
+    prompt = chat_ids(tokenizer, QUESTIONS[0])
+    expected = reference_greedy(bundle, prompt, GREEDY.max_tokens, decode_model=bundle.path / PREFILL_MODEL_FILE)
+    assert run(throughput_engine, "throughput-ref", prompt) == expected
+
+
+def test_throughput_mode_refuses_speculative_decoding(bundle: Bundle) -> None:
+    if PREFILL_MODEL_FILE not in bundle.manifest.files:
+        pytest.skip("the test bundle was built without a prefill graph")
+    with pytest.raises(ValueError, match="decode = latency"):
+        Engine(bundle, EngineConfig(max_batch=1, max_context=64, decode="throughput", speculative=True))
+
+
+@pytest.mark.parametrize("mode", ["latency", "throughput"])
+def test_greedy_tokens_do_not_depend_on_the_batch(
+    mode: str, request: pytest.FixtureRequest, tokenizer: Tokenizer
+) -> None:
+    engine: Engine = request.getfixturevalue("engine" if mode == "latency" else "throughput_engine")
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
     alone = [run(engine, f"alone-{i}", p) for i, p in enumerate(prompts)]
     # Different max_tokens make sequences finish mid-batch, so later slots get moved into the holes;

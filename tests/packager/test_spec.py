@@ -80,6 +80,15 @@ def test_cross_field_prompt_limit_must_fit_context(tmp_path: Path) -> None:
         load_spec(write_spec(tmp_path, text))
 
 
+def test_throughput_decoding_needs_the_prefill_graph(tmp_path: Path) -> None:
+    base = '[model]\nsource = "gguf:m.gguf"\n[runtime]\ndecode = "throughput"\n'
+    assert load_spec(write_spec(tmp_path, base)).runtime.decode == "throughput"
+    with pytest.raises(SpecError, match="needs a generative model.task, export.prefill_graph = true"):
+        load_spec(write_spec(tmp_path, base + "[export]\nprefill_graph = false\n"))
+    with pytest.raises(SpecError, match="runtime.decode = 'fast': not allowed; choose from latency, throughput"):
+        load_spec(write_spec(tmp_path, base.replace("throughput", "fast")))
+
+
 def test_cli_reports_spec_errors_without_traceback_and_exit_2(tmp_path: Path) -> None:
     write_spec(tmp_path, '[model]\nsource = "gguf:m.gguf"\n[export]\nprecision = "int3"\n')
     result = subprocess.run(

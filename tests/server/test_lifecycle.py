@@ -67,6 +67,10 @@ def test_serve_refuses_a_missing_bundle_or_key(tmp_path: Path, demo_bundle: Path
     no_key = run_serve(str(demo_bundle), "--api-key-env", "ONNXFN_TEST_UNSET_KEY")
     assert no_key.returncode == 2
     assert "ONNXFN_TEST_UNSET_KEY is unset or empty" in no_key.stderr
+    both = run_serve(str(demo_bundle), "--decode", "throughput", "--speculative")
+    assert both.returncode == 2
+    assert "--speculative verifies drafts through the int8 graph" in both.stderr
+    assert "Traceback" not in both.stderr
 
 
 def test_serve_exits_1_when_the_engine_cannot_load(tmp_path: Path, demo_bundle: Path) -> None:

@@ -9,12 +9,16 @@ from typing import Any
 REGISTRY = {
     "onnxfn": ("benchlib.systems.onnxfn", "OnnxfnSystem"),
     "onnxfn-http": ("benchlib.systems.server", "ServerSystem"),
+    # The same server with `--decode throughput`: the prefill graph decodes too (EngineConfig.decode).
+    "onnxfn-http-throughput": ("benchlib.systems.server", "ServerSystem"),
     "genai": ("benchlib.systems.genai", "GenaiSystem"),
     "llamacpp": ("benchlib.systems.llamacpp", "LlamaCppSystem"),
     "llamacpp-server": ("benchlib.systems.server", "ServerSystem"),
     "transformers": ("benchlib.systems.hf", "TransformersSystem"),
 }
-SERVERS = ("onnxfn-http", "llamacpp-server")
+SERVERS = ("onnxfn-http", "onnxfn-http-throughput", "llamacpp-server")
+# onnxfn run another way than the baseline: measured beside it, not compared with it.
+VARIANTS = ("onnxfn-http-throughput",)
 
 
 def import_system(name: str) -> type[Any]:

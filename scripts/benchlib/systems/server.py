@@ -18,8 +18,9 @@ def kv_budget_mib(config: SystemConfig) -> int:
     return -(-config.max_batch * MAX_CONTEXT * facts.kv_bytes_per_token() // (1 << 20))
 
 
-def onnxfn_server(config: SystemConfig) -> ServerSpec:
+def onnxfn_server(config: SystemConfig, decode: str = "latency") -> ServerSpec:
     engine_flags = {
+        "--decode": decode,
         "--threads": config.threads,
         "--max-batch": config.max_batch,
         "--max-context": MAX_CONTEXT,
@@ -58,7 +59,11 @@ def llamacpp_server(config: SystemConfig) -> ServerSpec:
     )
 
 
-SPECS = {"onnxfn-http": onnxfn_server, "llamacpp-server": llamacpp_server}
+SPECS = {
+    "onnxfn-http": onnxfn_server,
+    "onnxfn-http-throughput": lambda config: onnxfn_server(config, decode="throughput"),
+    "llamacpp-server": llamacpp_server,
+}
 
 
 class ServerSystem:
