@@ -30,7 +30,8 @@ class EngineConfig:
     # (26 ms at batch 1, 57 at 8): for functions that serve several streams at once. Either way one graph
     # decodes every batch size, so a greedy request gets the same tokens alone and in a batch.
     decode: Literal["latency", "throughput"] = "latency"
-    # Ready as soon as the decode graph is loaded; the prefill graph loads after, and until it is in use
+    # Ready as soon as the decode graph is loaded; the prefill graph loads after, once the engine has been
+    # quiet for `background.QUIET_S` (a first request runs without the build beside it), and until it is in use
     # prompts run through the decode graph (same weights, int8 activations) and are not prefix-cached.
     # Servers start this way (a cold start waits for one session instead of two); in-process users get a
     # fully loaded engine by default.

@@ -113,8 +113,13 @@ class Engine:
         self._huge_pages: Future[CollapseReport] | None = None
         if self._prefill_pending is None:
             self._move_to_huge_pages()
-        else:  # an idle loop must wake to switch, or an idle server would wait for a request to do so
-            self._prefill_pending.when_done(self._wake)
+        else:
+            # Built once the loop has been quiet: a first request arriving at `/ready` (a cold start's)
+            # then runs without the build beside it on the same cores.
+            pending = self._prefill_pending
+            run_in_background(lambda: self._start_when_quiet(pending), "onnxfn-prefill-wait")
+            # An idle loop must wake to switch, or an idle server would wait for a request to do so.
+            pending.when_done(self._wake)
 
     # Lifecycle.
     def start(self) -> None:
@@ -303,6 +308,10 @@ class Engine:
         self._set_kv_reuse()
         self._move_to_huge_pages()
 
+    def _start_when_quiet(self, build: SessionBuild) -> None:
+        self._idleness.wait_quiet()
+        build.start()
+
     def _prefill_built(self) -> bool:
         return self._prefill_pending is not None and self._prefill_pending.done
 
@@ -403,14 +412,16 @@ class Engine:
 
 
 def _prefill_build(bundle: Bundle, config: EngineConfig, background: bool) -> SessionBuild | None:
-    """Start building the bundle's prefill graph (if it has one and the engine runs on the CPU) beside the decoder."""
+    """The build of the bundle's prefill graph (if it has one and the engine runs on the CPU), started now beside
+    the decoder's, or in the `background` when the engine starts it."""
     if not prefill_graph_usable(bundle, config):
         return None
     # A graph used at once gets its warm-up through the engine's bindings (`DecoderSession.warm_up`); one
     # built in the background is warmed on its own thread, before the engine switches to it.
     warm_up = WarmUp(bundle.manifest.model) if background else None
     options = SessionOptions.for_engine(config)
-    return SessionBuild(bundle.path / PREFILL_MODEL_FILE, options, background=background, warm_up=warm_up)
+    path = bundle.path / PREFILL_MODEL_FILE
+    return SessionBuild(path, options, background=background, warm_up=warm_up, start=not background)
 
 
 def _settle(done: Future[T], work: Callable[[], T], stopping: bool) -> None:

@@ -111,22 +111,41 @@ class SessionBuild:
     """
 
     def __init__(
-        self, model_path: Path, options: SessionOptions, *, background: bool = False, warm_up: WarmUp | None = None
+        self,
+        model_path: Path,
+        options: SessionOptions,
+        *,
+        background: bool = False,
+        warm_up: WarmUp | None = None,
+        start: bool = True,
     ) -> None:
         """`background`: build at a low CPU priority, so requests served meanwhile lose little time to it.
 
         `warm_up`: a one-token forward run before the session is handed over (ONNX Runtime's first run
         allocates and initialises), for a session that is not used at once: it costs this thread only.
+        `start`: begin now; otherwise at `start()`, or at `result()` at the latest.
         """
         self.started = time.monotonic()
         self.finished: float | None = None
         # The anonymous memory that appeared while the session was built (mostly its prepacked weights).
         self.allocated: list[Interval] = []
         self._done: Future[ort.InferenceSession] = Future()
-        _building.add(self._done)
-        self._done.add_done_callback(_building.discard)
-        args = (model_path, options, background, warm_up)
-        threading.Thread(target=self._build, args=args, name="onnxfn-session", daemon=True).start()
+        self._args = (model_path, options, background, warm_up)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Begin building, once (later calls do nothing)."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self.started = time.monotonic()
+            _building.add(self._done)  # only builds that run: the exit waits for them
+            self._done.add_done_callback(_building.discard)
+            self._thread = threading.Thread(target=self._build, args=self._args, name="onnxfn-session", daemon=True)
+            self._thread.start()
 
     def _build(self, model_path: Path, options: SessionOptions, background: bool, warm_up: WarmUp | None) -> None:
         if background:
@@ -144,6 +163,7 @@ class SessionBuild:
         self._done.set_result(session)
 
     def result(self) -> ort.InferenceSession:
+        self.start()
         return self._done.result()
 
     @property

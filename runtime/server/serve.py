@@ -7,7 +7,8 @@ Start-up order is the cold-start path: bind the port, start loading the engine o
 (ONNX Runtime builds its session without holding the GIL), and only then import the HTTP stack, which
 runs alongside. The bundle is hashed once and a record of that is trusted later (`runtime.verified`);
 the bundle's snapshot seeds the prefix cache (`runtime.snapshot`). A bundle's prefill graph loads after
-`/ready`, at low CPU priority (`EngineConfig.defer_prefill_graph`): a start waits for one session, not two.
+`/ready`, once the engine is quiet, at low CPU priority (`EngineConfig.defer_prefill_graph`): a start waits
+for one session, not two, and a first request does not share the cores with the second.
 """
 
 from __future__ import annotations
