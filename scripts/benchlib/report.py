@@ -135,7 +135,7 @@ def render_variant_ratios(conc: dict[str, Any]) -> str:
                 if mine and name not in (variant, "onnxfn-http", "onnxfn") and entry.get("aggregate_tok_s")
             ]
             if peers:
-                lines.append(f"- {level} streams, {variant} against " + ", ".join(peers))
+                lines.append(f"- {level} stream{'s' if level > 1 else ''}, {variant} against " + ", ".join(peers))
     if not lines:
         return ""
     return "\nonnxfn with `decode = throughput` (over HTTP) / each peer, aggregate tok/s:\n\n" + "\n".join(lines) + "\n"
