@@ -76,3 +76,16 @@ def test_throughput_mode_is_shown_beside_the_default_and_compared_with_each_peer
     server_row = next(line for line in text.splitlines() if line.startswith("| 8 | llamacpp-server "))
     assert "1.88" in server_row  # against onnxfn's default, as before
     assert "- 8 streams, onnxfn-http-throughput against llamacpp-server 3.00x, genai 2.00x" in text
+
+
+@pytest.mark.parametrize(("share", "warned"), [(0.0, False), (0.2, True)])
+def test_the_busy_warning_follows_other_processes_cpu_share_not_the_load_average(share: float, warned: bool) -> None:
+    machine = {"cpu_model": "x", "logical_cpus": 2, "cpu_flags": [], "memory_gib": 1, "kernel": "k", "python": "3"}
+    meta = {
+        "started": "now", "duration_s": 60, "quick": False, "threads": 2, "bundle": "b", "gguf": "g", "hf_dir": "h",
+        "prompt_source": "p", "plan": {"repetitions": 5}, "notes": [], "others_cpu_share": share,
+        "load_average_start": 1.6, "machine": {**machine, "packages": {}},
+    }  # fmt: skip
+    text = report.render_header({"meta": meta})
+    assert ("the machine was busy" in text) is warned
+    assert "1-min load average 1.6 at the start" in text
