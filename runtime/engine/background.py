@@ -17,6 +17,10 @@ QUIET_S = 0.5  # idle this long before background work that slows requests (huge
 # ... but never wait longer than this for it: a loop busy from the start would otherwise keep the work
 # waiting forever, though each piece costs a running batch only milliseconds.
 PATIENCE_S = 1.0
+# A session built in the background slows what runs beside it for seconds (measured: a first reply of 150
+# tokens decoded at 44-46 tok/s with the build starting 1 s into it, 50-52 with it waiting 5 s), so it waits
+# longer: a cold start's first reply, often seconds long, then runs alone.
+BUILD_PATIENCE_S = 5.0
 
 
 def lower_priority() -> None:

@@ -23,7 +23,7 @@ from typing import TypeVar
 import numpy as np
 
 from runtime.bundle import Bundle
-from runtime.engine.background import Idleness, run_in_background
+from runtime.engine.background import BUILD_PATIENCE_S, Idleness, run_in_background
 from runtime.engine.config import EngineConfig
 from runtime.engine.constraints import Grammars
 from runtime.engine.huge_pages import CollapseReport, collapse
@@ -309,7 +309,7 @@ class Engine:
         self._move_to_huge_pages()
 
     def _start_when_quiet(self, build: SessionBuild) -> None:
-        self._idleness.wait_quiet()
+        self._idleness.wait_quiet(patience_s=BUILD_PATIENCE_S)
         build.start()
 
     def _prefill_built(self) -> bool:
