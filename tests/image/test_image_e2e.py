@@ -120,7 +120,9 @@ def wait_until(url: str, log: Path, timeout: float = 120) -> None:
         try:
             if requests.get(url, timeout=2).status_code == 200:
                 return
-        except requests.ConnectionError:
+        # The port is bound before anything loads (a taken port fails at once), so a probe sent before the
+        # HTTP loop runs waits in the backlog: a timeout means "not yet", as it does to a load balancer.
+        except (requests.ConnectionError, requests.Timeout):
             pass
         time.sleep(0.25)
     pytest.fail(f"{url} never answered 200; container log:\n{log.read_text()[-3000:]}")
