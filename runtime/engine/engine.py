@@ -69,12 +69,13 @@ class Engine:
         self._facts = facts
         self.max_context = context_for_budget(facts, config.max_batch, config.kv_memory_bytes, config.max_context)
         # Throughput mode: the prefill graph is the one session, decoding included (see `EngineConfig.decode`).
-        self._throughput = config.decode == "throughput" and prefill_graph_usable(bundle, config)
+        decode_path = decode_graph_path(bundle, config)
+        self._throughput = decode_path != bundle.model_path
         if config.decode == "throughput" and not self._throughput:
             log.warning("decode = throughput needs the bundle's prefill graph on the CPU: decoding runs the int8 graph")
         if self._throughput and config.speculative:
             raise ValueError("speculative decoding verifies drafts through the int8 graph: use decode = latency")
-        build = session_build or SessionBuild(decode_graph_path(bundle, config), SessionOptions.for_engine(config))
+        build = session_build or SessionBuild(decode_path, SessionOptions.for_engine(config))
         prefill_build = None if self._throughput else _prefill_build(bundle, config, config.defer_prefill_graph)
         # The session builds (prepacking the weights) on its own thread, without the GIL, while this one
         # parses the tokenizer.
