@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
+import anyio.lowlevel
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -54,6 +55,9 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         loader = threading.Thread(target=load, name="onnxfn-engine-loader", daemon=True)
         loader.start()
+        # anyio loads its asyncio backend on first use: ~30 ms of imports that would otherwise run beside
+        # the first request's prefill (the streaming response's task group needs it).
+        await anyio.lowlevel.checkpoint()
         yield
         loader.join()
         state.shutdown()
