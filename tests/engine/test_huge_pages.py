@@ -9,13 +9,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from runtime.bundle import Bundle
-from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.huge_pages import CHUNK, collapse, memory_map, subtract, writable_anonymous
-from runtime.engine.request import GenerationRequest, SamplingParams
 from runtime.engine.tokenizer import Tokenizer
 from tests.engine.conftest import chat_ids
 
@@ -83,38 +82,48 @@ def _address_of(region: mmap.mmap) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(region))
 
 
-# Run in a fresh interpreter, as a server builds its session: in a process where earlier engines freed
-# their weights, malloc reuses that memory and a new build adds fewer new mappings (seen in CI: 74 MiB).
-_HUGE_PAGE_ENGINE = """
+# Each engine runs in a fresh interpreter, as a server builds its session: in a process where earlier engines
+# freed their weights, malloc reuses that memory and a new build adds fewer new mappings (seen in CI: 74 MiB).
+_ENGINE_RUN = """
 import json, sys
 from pathlib import Path
+from typing import Any
 from runtime.bundle import open_bundle
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.request import GenerationRequest, SamplingParams
-bundle_dir, prompt = sys.argv[1], json.loads(sys.argv[2])
-config = EngineConfig(max_batch=2, max_context=256, huge_pages=True)
+bundle_dir, prompt, huge_pages = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "on"
+config = EngineConfig(max_batch=2, max_context=256, huge_pages=huge_pages)
 engine = Engine(open_bundle(Path(bundle_dir), verify=False), config)
 report = engine.wait_until_warm()
 sampling = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 tokens = engine.generate(GenerationRequest("hp", tuple(prompt), sampling))[0].token_ids
 engine.shutdown()
-print(json.dumps({"collapsed": report.collapsed_bytes, "unsupported": report.unsupported, "tokens": list(tokens)}))
+moved = None if report is None else {"collapsed": report.collapsed_bytes, "unsupported": report.unsupported}
+print(json.dumps({"report": moved, "tokens": list(tokens)}))
 """
+
+
+def _run_engine(bundle: Bundle, prompt: tuple[int, ...], huge_pages: bool) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        "-c",
+        _ENGINE_RUN,
+        str(bundle.path),
+        json.dumps(list(prompt)),
+        "on" if huge_pages else "off",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
 
 
 @pytest.mark.real_model
 def test_an_engine_moves_its_decode_weights_and_decodes_the_same_tokens(bundle: Bundle, tokenizer: Tokenizer) -> None:
     prompt = chat_ids(tokenizer, "Name three colours of the rainbow.")
-    sampling = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    engine = Engine(bundle, EngineConfig(max_batch=2, max_context=256, huge_pages=False))
-    try:
-        assert engine.wait_until_warm() is None
-        reference = engine.generate(GenerationRequest("hp-off", prompt, sampling))[0].token_ids
-    finally:
-        engine.shutdown()
-    command = [sys.executable, "-c", _HUGE_PAGE_ENGINE, str(bundle.path), json.dumps(list(prompt))]
-    moved = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, timeout=300).stdout)
-    assert not moved["unsupported"], moved["unsupported"]
+    off, on = (_run_engine(bundle, prompt, huge_pages) for huge_pages in (False, True))
+    assert off["report"] is None
+    report = on["report"]
+    assert report is not None and not report["unsupported"], report
     # The int8 decode graph's prepacked matmul weights alone are ~140 MiB.
-    assert moved["collapsed"] >= 100 << 20
-    assert moved["tokens"] == list(reference)
+    assert report["collapsed"] >= 100 << 20
+    assert on["tokens"] == off["tokens"]
