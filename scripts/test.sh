@@ -7,4 +7,6 @@ bash scripts/setup.sh
 bash scripts/setup_image_tools.sh
 # Terraform (as a library), python-hcl2 and checkov (its own venv) for the infra/terraform checks.
 bash scripts/setup_terraform_tools.sh
+# CRIU >= 4.1 for the local target's process snapshots (Debian 12 ships 3.17): built once per machine.
+bash scripts/setup_criu.sh
 exec .venv/bin/python -m pytest -q "$@"
