@@ -204,6 +204,11 @@ class Engine:
         """Block until a deferred prefill graph is in use (or has failed to load); at once without one."""
         self._on_engine_thread(lambda: self._use_prefill_graph(wait=True))
 
+    @property
+    def warm(self) -> bool:
+        """The start-up work done in the background (prefill graph, huge pages) is over."""
+        return self._prefill_pending is None and (self._huge_pages is None or self._huge_pages.done())
+
     def wait_until_warm(self) -> CollapseReport | None:
         """Block until the start-up work done in the background is over: the prefill graph, then huge pages."""
         self.wait_for_prefill_graph()

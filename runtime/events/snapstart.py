@@ -74,7 +74,7 @@ def after_restore(refresh: Callable[[], None]) -> None:
     """Give this copy of the snapshot its own randomness, and rebuild what was bound to the snapshot's moment."""
     reseed_generators()
     refresh()
-    log.info("SnapStart: restored; generators reseeded, clients and clocks refreshed")
+    log.info("restored from a snapshot: generators reseeded, clients and clocks refreshed")
 
 
 def reseed_generators() -> None:

@@ -134,8 +134,14 @@ def _ready(state: ServerState, *, detailed: bool) -> Response:
             return JSONResponse({"status": "ready"})
         # What prompts run through: "loading" while a bundle's prefill graph is still being built.
         graph = getattr(state.engine, "prefill_graph", None)  # encoders have a single graph
+        warm = getattr(state.engine, "warm", True)  # false while background start-up work goes on
         return JSONResponse(
-            {"status": "ready", "model": state.policy.model_name, **({"prompt_graph": graph} if graph else {})}
+            {
+                "status": "ready",
+                "model": state.policy.model_name,
+                "warm": warm,
+                **({"prompt_graph": graph} if graph else {}),
+            }
         )
     if state.load_error is not None:
         return JSONResponse({"status": "failed", **({"error": state.load_error} if detailed else {})}, status_code=503)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import socket
 import sys
 import threading
@@ -148,11 +149,31 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(
         settings, loading.result, on_load_failure=stop_server, sagemaker=args.sagemaker, task=manifest.task
     )
+    signal.signal(signal.SIGUSR1, lambda signum, frame: _resumed_from_process_snapshot(args, app, stop_server))
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on")
     server = uvicorn.Server(config)
     logging.getLogger("uvicorn.access").addFilter(_skip_probes)
     server.run(sockets=[listener])
     return 1 if app.state.server.load_error is not None else 0
+
+
+def _resumed_from_process_snapshot(args: argparse.Namespace, app: Any, stop_server: Callable[[], None]) -> None:
+    """The local target restored this process from a CRIU snapshot and says so with SIGUSR1: run the
+    after-restore hook SnapStart runs. Every copy of a snapshot gets its own random generators, and the key
+    file is read again: a deploy may have generated a new key since the snapshot was taken."""
+    from runtime.events.snapstart import after_restore
+    from runtime.server.auth import AuthConfigError, BearerAuth, load_api_key
+
+    def refresh() -> None:
+        if args.api_key_file is None:
+            return  # a key from the environment cannot change: the deploy resumes only the same one
+        try:
+            app.state.server.auth = BearerAuth(load_api_key(None, args.api_key_file))
+        except AuthConfigError as exc:
+            log.error("after a restore: %s; stopping rather than serving with the snapshot's key", exc)
+            stop_server()
+
+    after_restore(refresh)
 
 
 def _in_background(load: Callable[[], Engine]) -> Future[Engine]:

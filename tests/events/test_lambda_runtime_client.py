@@ -71,7 +71,7 @@ def test_awslambdaric_runs_the_entry_point_with_one_engine_for_http_and_sqs(
     polls = [call for call in service.calls if call.startswith("GET ")]
     if init_type == "snap-start":
         assert polls[0] == "GET restore/next" and polls[1:] == ["GET invocation/next"] * (len(polls) - 1)
-        warmed, restored = log.index("warmed before the snapshot"), log.index("SnapStart: restored")
+        warmed, restored = log.index("warmed before the snapshot"), log.index("restored from a snapshot")
         assert log.index("startup timeline") < warmed < restored
     else:
         assert set(polls) == {"GET invocation/next"} and "SnapStart" not in log

@@ -122,7 +122,9 @@ def test_v1_needs_the_bearer_key_but_probes_do_not(http: httpx.Client, server: R
     # /ready stays open for orchestrators' probes but tells a caller without the key nothing more.
     assert http.get("/ready").json() == {"status": "ready"}
     detailed = {"status": "ready", "model": server.state.policy.model_name, "prompt_graph": "prefill graph"}
-    assert http.get("/ready", headers=AUTH).json() == detailed
+    answer = http.get("/ready", headers=AUTH).json()
+    assert answer.pop("warm") in (True, False)  # false while the huge-page move goes on
+    assert answer == detailed
     assert http.get("/metrics").status_code == 401
     assert http.get("/metrics", headers=AUTH).status_code == 200
 
