@@ -102,6 +102,8 @@ class EndpointSection:
 class LocalTarget:
     host: str = "127.0.0.1"
     port: int = bounded(0, lo=0, hi=65535)  # 0 = pick a free port
+    # Resume a CRIU snapshot of the warmed server instead of starting one (packager/deploy/process_snapshot.py).
+    process_snapshot: bool = False
 
 
 # CloudWatch Logs accepts only these retention periods.

@@ -108,6 +108,8 @@ def _deploy_local(spec: FunctionSpec, args: argparse.Namespace) -> int:
     table.add_row("digest", deployment.bundle_digest)
     table.add_row("api key", deployment.api_key.describe())
     table.add_row("log", deployment.log_file)
+    if deployment.start_note:
+        table.add_row("start", deployment.start_note)
     if previous is not None:
         table.add_row("replaced", f"pid {previous.pid} ({previous.state}, bundle {previous.bundle_digest[:19]}…)")
     console.print(table)

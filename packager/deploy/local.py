@@ -1,7 +1,9 @@
 """The `local` target: the runtime's HTTP server as a detached background process on this machine.
 
 Everything about a deployment lives in `build/NAME/local/`: `state.json` (what runs where),
-`server.pid`, `server.log`, and `api-key` when the key was generated here. The same interface as every
+`server.pid`, `server.log`, `api-key` when the key was generated here, and `process-snapshot/` when
+`[targets.local] process_snapshot` is on (the warmed server, which the next deploy resumes instead of
+starting one: `process_snapshot.py`; `pkg destroy` keeps it). The same interface as every
 target: `plan(spec)` → `apply(plan)` → `status(spec)` → `destroy(spec)`.
 
 API key: `[endpoint] api_key_env` names the variable clients use. If it is set when deploying, the server
@@ -20,12 +22,15 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import httpx
 
+from packager.deploy import process_snapshot
 from packager.deploy.base import TargetStatus
+from packager.deploy.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
 from packager.deploy.server_flags import server_flags
 from packager.errors import UserError
 from packager.paths import build_dir, bundle_dir
@@ -39,6 +44,7 @@ READY_TIMEOUT = 120.0
 STOP_TIMEOUT = 10.0
 LOG_TAIL_LINES = 25
 _POLL = 0.1
+PROMPT_GRAPH_WAIT = 60.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,13 @@ class LocalPlan:
     state_dir: Path
     api_key: ApiKey
     server_flags: tuple[str, ...]  # everything after `serve BUNDLE --host H --port P`
+    process_snapshot: bool = False
+
+    def command(self, port: int) -> tuple[str, ...]:
+        return (
+            sys.executable, "-m", "runtime", "serve", str(self.bundle),
+            "--host", self.host, "--port", str(port), *self.server_flags,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,8 @@ class LocalDeployment:
     api_key_source: str
     api_key_location: str
     command: tuple[str, ...]
+    start: str = "fresh"  # or "restored": resumed from the process snapshot
+    start_note: str = ""  # what happened with the process snapshot, for the deploy's summary
 
     @property
     def api_key(self) -> ApiKey:
@@ -131,11 +146,16 @@ def plan(spec: FunctionSpec) -> LocalPlan:
         state_dir=directory,
         api_key=api_key,
         server_flags=tuple(server_flags(spec) + api_key.server_flags()),
+        process_snapshot=spec.targets.local.process_snapshot,
     )
 
 
 def apply(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDeployment:
-    """Start the server (stopping a previous deployment first) and wait until it is ready."""
+    """Start the server (stopping a previous deployment first) and wait until it is ready.
+
+    With `process_snapshot` on, resume the snapshot of an earlier deploy when it is valid; otherwise start
+    the server and snapshot it once it is ready.
+    """
     _stop(plan.state_dir, forget_key=False)
     plan.state_dir.mkdir(parents=True, exist_ok=True)
     generated_key = plan.state_dir / "api-key"
@@ -143,38 +163,107 @@ def apply(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDepl
         generated_key.unlink(missing_ok=True)  # left by an earlier deploy that had no key in the environment
     elif not generated_key.is_file():
         _write_secret(generated_key, secrets.token_urlsafe(32))
+    log_file = plan.state_dir / LOG_FILE
+    criu, note = _criu(plan)
+    if criu is not None and process_snapshot.exists(plan.state_dir):
+        port = plan.port or process_snapshot.recorded_port(plan.state_dir) or _free_port(plan.host)
+        key = _snapshot_key(plan, plan.command(port), criu)
+        try:
+            pid = process_snapshot.restore(plan.state_dir, key, criu, log_file)
+        except SnapshotUnavailable as exc:
+            note = f"started fresh: the process snapshot was not used ({exc})"
+        else:
+            deployment = _deployment(plan, port, pid, log_file, start="restored", note="resumed the process snapshot")
+            problem = _wait_ready(deployment, lambda: None if _alive(pid) else "exited", ready_timeout)
+            if problem is None:
+                return deployment
+            _stop(plan.state_dir, forget_key=False)
+            note = f"started fresh: the resumed process snapshot {problem}"
     port = plan.port or _free_port(plan.host)
     precompile_runtime()
-    command = (
-        sys.executable, "-m", "runtime", "serve", str(plan.bundle),
-        "--host", plan.host, "--port", str(port), *plan.server_flags,
-    )  # fmt: skip
-    log_file = plan.state_dir / LOG_FILE
+    # No ONNX Runtime telemetry: its store is an SQLite file held under a lock, which CRIU cannot dump.
+    env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1"}
     with log_file.open("wb") as log:
-        # A session of its own: the server outlives `pkg`, and Ctrl-C in this terminal does not reach it.
-        process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        if criu is not None:
+            process, server_pid = process_snapshot.launch_isolated(plan.command(port), log, env)
+        else:
+            # A session of its own: the server outlives `pkg`, and Ctrl-C in this terminal does not reach it.
+            process = subprocess.Popen(
+                plan.command(port), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, env=env,
+            )  # fmt: skip
+            server_pid = process.pid
+    deployment = _deployment(plan, port, server_pid, log_file, start="fresh", note=note)
+
+    def exited() -> str | None:
+        code = process.poll()
+        return None if code is None else f"exited with code {code}"
+
+    problem = _wait_ready(deployment, exited, ready_timeout)
+    if problem is not None:
+        _stop(plan.state_dir)
+        raise UserError(f"{plan.function} did not start: the server {problem}\n{log_tail(log_file)}")
+    if criu is not None:
+        deployment = _capture(plan, deployment, criu)
+    return deployment
+
+
+def _snapshot_key(plan: LocalPlan, command: tuple[str, ...], criu: Criu) -> SnapshotKey:
+    env_name = plan.api_key.location if plan.api_key.source == "env" else None
+    return SnapshotKey.current(plan.bundle_digest, command, criu.version, env_name)
+
+
+def _criu(plan: LocalPlan) -> tuple[Criu | None, str]:
+    if not plan.process_snapshot:
+        return None, ""
+    try:
+        return Criu.find(), ""
+    except SnapshotUnavailable as exc:
+        return None, f"started fresh: no process snapshot ({exc})"
+
+
+def _deployment(plan: LocalPlan, port: int, pid: int, log_file: Path, *, start: str, note: str) -> LocalDeployment:
     deployment = LocalDeployment(
         function=plan.function,
         url=f"http://{_client_host(plan.host)}:{port}",
         host=plan.host,
         port=port,
-        pid=process.pid,
+        pid=pid,
         bundle=str(plan.bundle),
         bundle_digest=plan.bundle_digest,
         started_at=time.time(),
         log_file=str(log_file),
         api_key_source=plan.api_key.source,
         api_key_location=plan.api_key.location,
-        command=command,
+        command=plan.command(port),
+        start=start,
+        start_note=note,
     )
     _save(plan.state_dir, deployment)
-    problem = _wait_ready(deployment, process, ready_timeout)
-    if problem is not None:
-        _stop(plan.state_dir)
-        raise UserError(f"{plan.function} did not start: {problem}\n{log_tail(log_file)}")
     return deployment
+
+
+def _capture(plan: LocalPlan, deployment: LocalDeployment, criu: Criu) -> LocalDeployment:
+    """Snapshot the ready server once its prompt graph is built, so a resumed copy needs no build either."""
+    key = deployment.api_key.read()
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    process_snapshot.wait_until_warm(deployment.url, headers, PROMPT_GRAPH_WAIT)
+    key = _snapshot_key(plan, deployment.command, criu)
+    try:
+        captured = process_snapshot.capture(plan.state_dir, deployment.pid, key, criu)
+    except SnapshotUnavailable as exc:
+        note = f"{deployment.start_note}; " if deployment.start_note else ""
+        return _deployment_with_note(plan, deployment, f"{note}no process snapshot taken ({exc})")
+    taken = f"process snapshot taken ({captured.size_bytes / 2**20:,.0f} MiB in {captured.seconds:.1f} s): " \
+        "the next deploy resumes it"  # fmt: skip
+    note = f"{deployment.start_note}; {taken}" if deployment.start_note else taken
+    return _deployment_with_note(plan, deployment, note)
+
+
+def _deployment_with_note(plan: LocalPlan, deployment: LocalDeployment, note: str) -> LocalDeployment:
+    updated = replace(deployment, start_note=note)
+    _save(plan.state_dir, updated)
+    return updated
 
 
 def status(spec: FunctionSpec) -> TargetStatus | None:
@@ -253,17 +342,17 @@ def _terminate(pid: int, timeout: float) -> None:
     raise UserError(f"process {pid} survived SIGKILL; stop it by hand")
 
 
-def _wait_ready(deployment: LocalDeployment, process: subprocess.Popen[bytes], timeout: float) -> str | None:
-    """None once `/ready` answers 200; otherwise what went wrong."""
+def _wait_ready(deployment: LocalDeployment, exited: Callable[[], str | None], timeout: float) -> str | None:
+    """None once `/ready` answers 200; otherwise what went wrong (`exited()` says whether the server died)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        code = process.poll()
-        if code is not None:
-            return f"the server exited with code {code}"
+        problem = exited()
+        if problem is not None:
+            return problem
         if _probe(deployment.url) == "ready":
             return None
         time.sleep(_POLL)
-    return f"the server was not ready after {timeout:.0f} s"
+    return f"was not ready after {timeout:.0f} s"
 
 
 def _probe(url: str) -> str:

@@ -1,0 +1,71 @@
+"""The `local` target's test workspace: a folder of its own holding `functions/NAME` and `build/NAME/bundle`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.conftest import DEMO_FUNCTION
+
+FUNCTION = "smollm2-chat"
+KEY_ENV = "ONNXFN_API_KEY"
+
+
+class Workspace:
+    def __init__(self, root: Path, bundle: Path) -> None:
+        self.root = root
+        self.bundle = bundle
+        # A wide terminal, so rich does not wrap the messages the tests look for.
+        self.env = {**{k: v for k, v in os.environ.items() if k != KEY_ENV}, "COLUMNS": "250"}
+
+    def add_function(self, name: str, toml: str | None = None) -> Path:
+        folder = self.root / "functions" / name
+        folder.mkdir(parents=True)
+        spec = (DEMO_FUNCTION / "function.toml").read_text() if toml is None else toml
+        (folder / "function.toml").write_text(spec)
+        build = self.root / "build" / name
+        build.mkdir(parents=True)
+        (build / "bundle").symlink_to(self.bundle)
+        return folder
+
+    def pkg(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "packager.cli", *args],
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def state(self, name: str = FUNCTION) -> dict[str, object]:
+        return json.loads((self.root / "build" / name / "local" / "state.json").read_text())
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, demo_bundle: Path) -> Iterator[Workspace]:
+    space = Workspace(tmp_path, demo_bundle.resolve())
+    yield space
+    # Never leave a server behind, whatever the test did.
+    for state_file in tmp_path.glob("build/*/local/state.json"):
+        pid = json.loads(state_file.read_text())["pid"]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def pid_alive(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def client_for(state: dict[str, object], key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{state['url']}/v1", api_key=key, max_retries=0, timeout=60)
