@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -87,10 +88,7 @@ def run_server_once(
     """Exec a server, wait for `/ready`, stream one chat completion, stop it; the sample with its phases."""
     port = free_port()
     precompile_runtime()
-    command = [
-        *(python, "-m", "runtime", "serve", str(bundle), "--port", str(port), "--model-name", "bench"),
-        *("--threads", str(threads), "--log-level", "info", *variant.flags),
-    ]
+    command = server_command(python, bundle, variant, threads, port)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "ONNXFN_STATE_DIR": str(state_dir)}
     with tempfile.TemporaryDirectory(prefix="coldstart-") as tmp:
         log_path = Path(tmp) / "server.log"
@@ -113,6 +111,111 @@ def run_server_once(
     )
 
 
+def server_command(python: str, bundle: Path, variant: ServerVariant, threads: int, port: int) -> list[str]:
+    return [
+        *(python, "-m", "runtime", "serve", str(bundle), "--port", str(port), "--model-name", "bench"),
+        *("--threads", str(threads), "--log-level", "info", *variant.flags),
+    ]
+
+
+class ProcessSnapshotRuns:
+    """Scale from zero through the `local` target's process snapshot: `criu restore` → ready → first token.
+
+    The snapshot is taken once, of a server started as `pkg deploy` starts one (a pid namespace of its own,
+    the prompt graph built, then dumped); every call restores a copy, streams the probe and stops it.
+    """
+
+    def __init__(
+        self, python: str, bundle: Path, variant: ServerVariant, probe: ChatProbe, threads: int, work: Path
+    ) -> None:
+        from packager.deploy.process_snapshot import Criu
+
+        self.criu = Criu.find()  # SnapshotUnavailable, with the reason, where CRIU cannot run
+        self.command = server_command(python, bundle, variant, threads, free_port())
+        self.probe, self.work = probe, work
+        self.env = {**os.environ, "OMP_NUM_THREADS": str(threads), "ONNXFN_STATE_DIR": str(work / "state"),
+                    "ORT_DISABLE_TELEMETRY": "1"}  # fmt: skip
+        self.key: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.command[self.command.index('--port') + 1]}"
+
+    def __call__(self) -> ColdSample:
+        from packager.deploy import process_snapshot
+
+        if self.key is None:
+            self.key = self._capture()
+        exec_time = time.monotonic()
+        try:
+            pid = process_snapshot.restore(self.work, self.key, self.criu, self.work / "server.log")
+        except process_snapshot.SnapshotUnavailable as exc:
+            raise RuntimeError(str(exc)) from exc
+        restored = time.monotonic()
+        try:
+            with httpx.Client(base_url=self.url, timeout=60.0) as client:
+                ready = _wait_ready(client, _Pid(pid), self.work / "server.log")
+                first, text = _first_token(client, self.probe)
+        finally:
+            _stop_pid(pid)
+        return ColdSample(
+            exec_to_ready=ready - exec_time,
+            exec_to_first_token=first - exec_time,
+            ready_to_first_token=first - ready,
+            phases={"criu_restore": restored - exec_time},
+            first_text=text,
+        )
+
+    def _capture(self) -> Any:
+        from packager.deploy import process_snapshot
+
+        precompile_runtime()
+        with (self.work / "server.log").open("wb") as log:
+            launcher, pid = process_snapshot.launch_isolated(self.command, log, self.env)
+        try:
+            with httpx.Client(base_url=self.url, timeout=60.0) as client:
+                _wait_ready(client, launcher, self.work / "server.log")
+            process_snapshot.wait_until_warm(self.url, {}, READY_TIMEOUT)
+            key = process_snapshot.SnapshotKey.current("bench", tuple(self.command), self.criu.version, None)
+            process_snapshot.capture(self.work, pid, key, self.criu)
+        except process_snapshot.SnapshotUnavailable as exc:
+            raise RuntimeError(str(exc)) from exc
+        finally:
+            _stop_pid(pid)
+            launcher.wait()
+        return key
+
+
+class _Pid:
+    """`poll()` for a process that is not our child (a restored server)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        from packager.deploy.process_snapshot import is_running
+
+        if not is_running(self.pid):
+            self.returncode = -1
+        return self.returncode
+
+
+def _stop_pid(pid: int, grace: float = 10.0) -> None:
+    from packager.deploy.process_snapshot import is_running
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not is_running(pid):
+                return
+            time.sleep(0.01)
+
+
 def timeline_phases(timeline: dict[str, Any] | None, exec_time: float) -> dict[str, float]:
     """Durations of the server's spans, plus `interpreter`: exec until the runtime's first import."""
     if timeline is None:
@@ -125,7 +228,7 @@ def timeline_phases(timeline: dict[str, Any] | None, exec_time: float) -> dict[s
     return phases
 
 
-def _wait_ready(client: httpx.Client, process: subprocess.Popen[bytes], log_path: Path) -> float:
+def _wait_ready(client: httpx.Client, process: subprocess.Popen[bytes] | _Pid, log_path: Path) -> float:
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -65,15 +65,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from benchlib import footprint, machine
-    from benchlib.machine import drop_page_cache
+    from benchlib import machine
 
     bundle = args.bundle.resolve()
     console.print("measuring read bandwidth and bare interpreter start", style="dim")
     bandwidth = max(machine.read_bandwidth(repetitions=3, threads=args.threads).values())
     interpreter = machine.interpreter_start(sys.executable, repetitions=5)
+    with tempfile.TemporaryDirectory(prefix="pkg-bench-") as scratch:  # state records, a process snapshot
+        return _measure_jobs(args, bundle, _jobs(args, bundle, Path(scratch)), bandwidth, interpreter)
+
+
+def _measure_jobs(
+    args: argparse.Namespace, bundle: Path, jobs: dict[str, Job], bandwidth: float, interpreter: float
+) -> dict[str, Any]:
+    from benchlib import footprint, machine
+    from benchlib.machine import drop_page_cache
+
     bundle_bytes = footprint.dir_bytes(bundle)
-    jobs = _jobs(args, bundle)
     results: dict[str, Any] = {
         "bundle": str(bundle),
         "bundle_bytes": bundle_bytes,
@@ -95,11 +103,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 Job = Callable[[], dict[str, Any]]
 
 
-def _jobs(args: argparse.Namespace, bundle: Path) -> dict[str, Job]:
+def _jobs(args: argparse.Namespace, bundle: Path, scratch: Path) -> dict[str, Job]:
     from packager.coldstart import ChatProbe, ServerVariant, run_server_once
 
     probe = ChatProbe(args.system_prompt)
-    state = Path(tempfile.mkdtemp(prefix="pkg-bench-state-"))
+    state = scratch / "state"
+    state.mkdir()
     prompt = ("--system-prompt", args.system_prompt)
     variants = {
         "onnxfn (snapshot)": (ServerVariant("snapshot", prompt), state),
@@ -118,9 +127,24 @@ def _jobs(args: argparse.Namespace, bundle: Path) -> dict[str, Job]:
         return job
 
     jobs = {name: server_job(v, s) for name, (v, s) in variants.items()}
+    snapshot = ServerVariant("criu", prompt)
+    jobs["onnxfn, process snapshot (local)"] = _process_snapshot_job(args, bundle, snapshot, probe, scratch / "criu")
     if not args.no_peers:
         jobs.update(_peer_jobs(args, bundle, probe))
     return jobs
+
+
+def _process_snapshot_job(args: argparse.Namespace, bundle: Path, variant: Any, probe: Any, work: Path) -> Job:
+    """The `local` target's scale from zero with `process_snapshot` on; reported, not run, without CRIU."""
+    from packager.coldstart import ProcessSnapshotRuns
+    from packager.deploy.process_snapshot import SnapshotUnavailable
+
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        runs = ProcessSnapshotRuns(sys.executable, bundle, variant, probe, args.threads, work)
+    except SnapshotUnavailable as exc:
+        return _missing(f"not measured: {exc}")
+    return lambda: asdict(runs())
 
 
 def _peer_jobs(args: argparse.Namespace, bundle: Path, probe: Any) -> dict[str, Job]:
