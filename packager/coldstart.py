@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from packager.deploy.local import _alive, _terminate
 from packager.processes import precompile_runtime, stop_process
 from runtime.startup import parse_timeline
 
@@ -40,6 +40,7 @@ TIMELINE_PHASES = (
     "first_step",
 )
 READY_TIMEOUT = 120.0
+STOP_GRACE = 10.0
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ class ProcessSnapshotRuns:
                 ready = _wait_ready(client, _Pid(pid), self.work / "server.log")
                 first, text = _first_token(client, self.probe)
         finally:
-            _stop_pid(pid)
+            _terminate(pid, STOP_GRACE)
         return ColdSample(
             exec_to_ready=ready - exec_time,
             exec_to_first_token=first - exec_time,
@@ -181,7 +182,7 @@ class ProcessSnapshotRuns:
         except process_snapshot.SnapshotUnavailable as exc:
             raise RuntimeError(str(exc)) from exc
         finally:
-            _stop_pid(pid)
+            _terminate(pid, STOP_GRACE)
             launcher.wait()
         return key
 
@@ -194,26 +195,9 @@ class _Pid:
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        from packager.deploy.process_snapshot import is_running
-
-        if not is_running(self.pid):
+        if not _alive(self.pid):
             self.returncode = -1
         return self.returncode
-
-
-def _stop_pid(pid: int, grace: float = 10.0) -> None:
-    from packager.deploy.process_snapshot import is_running
-
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not is_running(pid):
-                return
-            time.sleep(0.01)
 
 
 def timeline_phases(timeline: dict[str, Any] | None, exec_time: float) -> dict[str, float]:

@@ -225,14 +225,6 @@ def restore(state_dir: Path, key: SnapshotKey, criu: Criu, log_file: Path) -> in
     return pid
 
 
-def is_running(pid: int) -> bool:
-    """Alive and not a zombie: a restored server is not our child, and its new parent may reap it late."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-
-
 def _log_errors(log: Path) -> str:
     try:
         lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if "Error" in line]
