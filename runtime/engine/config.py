@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 
@@ -39,6 +40,9 @@ class EngineConfig:
     # Once the sessions are built, a background thread moves the decode graph's weights onto 2 MiB pages
     # (engine/huge_pages.py): +12 % batch-1 decode measured here, no more memory. Linux 6.1+ only.
     huge_pages: bool = True
+    # A directory of this bundle's graphs with their weights packed for this CPU (engine/prepacked.py): the
+    # packed weights are memory-mapped from there instead of packed onto the heap at every start.
+    prepacked: Path | None = None
     # Prompt-lookup speculative decoding for greedy requests (engine/speculative.py): up to
     # `speculative_tokens` drafted tokens verified per decode forward.
     speculative: bool = False

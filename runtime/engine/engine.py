@@ -42,6 +42,8 @@ from runtime.engine.session import (
     SessionOptions,
     WarmUp,
     decode_graph_path,
+    decodes_with_prefill_graph,
+    graph_path,
     prefill_graph_usable,
 )
 from runtime.engine.speculative import PromptLookup
@@ -69,13 +71,12 @@ class Engine:
         self._facts = facts
         self.max_context = context_for_budget(facts, config.max_batch, config.kv_memory_bytes, config.max_context)
         # Throughput mode: the prefill graph is the one session, decoding included (see `EngineConfig.decode`).
-        decode_path = decode_graph_path(bundle, config)
-        self._throughput = decode_path != bundle.model_path
+        self._throughput = decodes_with_prefill_graph(bundle, config)
         if config.decode == "throughput" and not self._throughput:
             log.warning("decode = throughput needs the bundle's prefill graph on the CPU: decoding runs the int8 graph")
         if self._throughput and config.speculative:
             raise ValueError("speculative decoding verifies drafts through the int8 graph: use decode = latency")
-        build = session_build or SessionBuild(decode_path, SessionOptions.for_engine(config))
+        build = session_build or SessionBuild(decode_graph_path(bundle, config), SessionOptions.for_engine(config))
         prefill_build = None if self._throughput else _prefill_build(bundle, config, config.defer_prefill_graph)
         # The session builds (prepacking the weights) on its own thread, without the GIL, while this one
         # parses the tokenizer.
@@ -426,7 +427,7 @@ def _prefill_build(bundle: Bundle, config: EngineConfig, background: bool) -> Se
     # built in the background is warmed on its own thread, before the engine switches to it.
     warm_up = WarmUp(bundle.manifest.model) if background else None
     options = SessionOptions.for_engine(config)
-    path = bundle.path / PREFILL_MODEL_FILE
+    path = graph_path(bundle, bundle.path / PREFILL_MODEL_FILE, config)
     return SessionBuild(path, options, background=background, warm_up=warm_up, start=not background)
 
 

@@ -96,11 +96,25 @@ def prefill_graph_usable(bundle: Bundle, config: EngineConfig) -> bool:
     return config.prefill_graph and config.providers[:1] == ("cpu",) and PREFILL_MODEL_FILE in bundle.manifest.files
 
 
+def decodes_with_prefill_graph(bundle: Bundle, config: EngineConfig) -> bool:
+    """`throughput` mode with a usable prefill graph: that graph is the engine's one session."""
+    return config.decode == "throughput" and prefill_graph_usable(bundle, config)
+
+
 def decode_graph_path(bundle: Bundle, config: EngineConfig) -> Path:
     """The graph decoding runs through: the prefill graph in `throughput` mode (when usable), else the bundle's."""
-    if config.decode == "throughput" and prefill_graph_usable(bundle, config):
-        return bundle.path / PREFILL_MODEL_FILE
-    return bundle.model_path
+    if decodes_with_prefill_graph(bundle, config):
+        return graph_path(bundle, bundle.path / PREFILL_MODEL_FILE, config)
+    return graph_path(bundle, bundle.model_path, config)
+
+
+def graph_path(bundle: Bundle, graph: Path, config: EngineConfig) -> Path:
+    """Where to load the bundle's `graph` from: its prepacked copy when one is configured and valid here."""
+    if config.prepacked is None or config.providers[:1] != ("cpu",):
+        return graph
+    from runtime.engine.prepacked import PrepackedGraphs
+
+    return PrepackedGraphs(config.prepacked).graph_for(bundle, graph)
 
 
 class SessionBuild:

@@ -93,6 +93,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-verify", action="store_true", help="never hash the bundle's files (default: once, then a stat check)"
     )
     engine.add_argument("--no-snapshot", action="store_true", help="ignore the bundle's cold-start snapshot")
+    engine.add_argument(
+        "--prepacked",
+        type=Path,
+        metavar="DIR",
+        help="load the graphs from DIR, copies with their weights packed for this CPU (pkg deploy --target local "
+        "writes them), when they are valid for this bundle and machine",
+    )
     requests = parser.add_argument_group("requests")
     requests.add_argument("--temperature", type=float, default=1.0, help="default temperature")
     requests.add_argument("--top-p", type=float, default=1.0, help="default top_p")
@@ -234,6 +241,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         overrides["decode"] = args.decode
     if args.spin is not None:
         overrides["allow_spinning"] = args.spin
+    if args.prepacked is not None:
+        overrides["prepacked"] = args.prepacked
     if args.providers:
         overrides["providers"] = tuple(p.strip() for p in args.providers.split(",") if p.strip())
     return EngineConfig(**overrides)
