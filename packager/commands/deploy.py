@@ -99,6 +99,10 @@ def _deploy_local(spec: FunctionSpec, args: argparse.Namespace) -> int:
         action = "replace" if previous is not None else "create"
         print_plan([(action, "local server", spec.name, f"bundle {plan.bundle_digest[:19]}…")], f"{spec.name} on local")
         return 0
+    with err_console.status(f"packing {spec.name}'s weights for this CPU (once per bundle)"):
+        packed = local.prepack(plan)
+    if packed is not None:
+        err_console.print(f"[green]✓[/] {packed}", highlight=False)
     with err_console.status(f"starting {spec.name} on {args.target} (bundle {plan.bundle_digest[:19]}…)"):
         deployment = local.apply(plan, ready_timeout=args.ready_timeout)
     table = Table(title=f"{spec.name} deployed to {args.target}", show_header=False)

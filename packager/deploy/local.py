@@ -36,9 +36,11 @@ from packager.errors import UserError
 from packager.paths import build_dir, bundle_dir
 from packager.processes import precompile_runtime
 from packager.spec import FunctionSpec
-from runtime.bundle import BundleError, read_manifest
+from runtime.bundle import BundleError, open_bundle, read_manifest
+from runtime.engine.prepacked import PrepackedGraphs, bundle_graphs
 
 LOG_FILE = "server.log"
+PREPACKED_DIR = "prepacked"
 TARGET = "local"
 READY_TIMEOUT = 120.0
 STOP_TIMEOUT = 10.0
@@ -87,6 +89,7 @@ class LocalPlan:
     api_key: ApiKey
     server_flags: tuple[str, ...]  # everything after `serve BUNDLE --host H --port P`
     process_snapshot: bool = False
+    prepacked: Path | None = None  # where the graphs with prepacked weights live (`prepack`), if they are used
 
     def command(self, port: int) -> tuple[str, ...]:
         return (
@@ -130,6 +133,10 @@ def plan(spec: FunctionSpec) -> LocalPlan:
     except BundleError as exc:
         raise UserError(f"{exc}\nbuild it first: pkg build {spec.directory}") from exc
     directory = state_dir(spec).resolve()
+    prepack = (
+        spec.targets.local.prepack and manifest.model is not None and tuple(spec.runtime.providers[:1]) == ("cpu",)
+    )
+    prepacked = directory / PREPACKED_DIR if prepack else None
     env_name = spec.endpoint.api_key_env
     if env_name is None:
         api_key = ApiKey("none")
@@ -145,9 +152,34 @@ def plan(spec: FunctionSpec) -> LocalPlan:
         port=spec.targets.local.port,
         state_dir=directory,
         api_key=api_key,
-        server_flags=tuple(server_flags(spec) + api_key.server_flags()),
+        server_flags=tuple(server_flags(spec) + api_key.server_flags() + _prepacked_flags(prepacked)),
         process_snapshot=spec.targets.local.process_snapshot,
+        prepacked=prepacked,
     )
+
+
+def _prepacked_flags(directory: Path | None) -> list[str]:
+    return ["--prepacked", str(directory)] if directory is not None else []
+
+
+def prepack(plan: LocalPlan) -> str | None:
+    """Write the graphs with their weights packed for this CPU, unless valid ones are there; what was done.
+
+    None when nothing was needed. A failure is reported, not raised: the server then loads the bundle's graphs.
+    """
+    if plan.prepacked is None:
+        return None
+    bundle = open_bundle(plan.bundle, verify=False)
+    graphs = bundle_graphs(bundle)
+    packed = PrepackedGraphs(plan.prepacked)
+    if all(packed.problem(bundle, graph.name) is None for graph in graphs):
+        return None
+    started = time.perf_counter()
+    try:
+        packed.write(bundle, graphs, threads=os.cpu_count() or 1)
+    except Exception as exc:  # ONNX Runtime raises its own types; the deploy goes on without
+        return f"weights not prepacked ({exc}): the server packs them at start"
+    return f"packed the weights for this CPU into {plan.prepacked} in {time.perf_counter() - started:.1f} s"
 
 
 def apply(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDeployment:
@@ -210,7 +242,8 @@ def apply(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDepl
 
 def _snapshot_key(plan: LocalPlan, command: tuple[str, ...], criu: Criu) -> SnapshotKey:
     env_name = plan.api_key.location if plan.api_key.source == "env" else None
-    return SnapshotKey.current(plan.bundle_digest, command, criu.version, env_name)
+    prepacked = PrepackedGraphs(plan.prepacked).digest() if plan.prepacked is not None else ""
+    return SnapshotKey.current(plan.bundle_digest, command, criu.version, env_name, prepacked)
 
 
 def _criu(plan: LocalPlan) -> tuple[Criu | None, str]:

@@ -7,10 +7,13 @@ to `build/NAME/local/process-snapshot/`; the next deploy restores that instead o
 is Lambda SnapStart's idea on one machine, and the server runs SnapStart's after-restore hook (reseed
 the random generators) when the launcher sends it SIGUSR1.
 
-The restore reads the whole image (~0.7 GB for the demo: both graphs' prepacked weights) before the
-process runs again; that is most of its ~0.4 s here. CRIU's lazy restore (`criu lazy-pages`, pages served
+The restore reads the whole image back before the process runs again, so the image is kept small: the
+server maps its weights from the prepacked graphs (runtime/engine/prepacked.py), file-backed pages CRIU does
+not dump, and the demo's image holds ~170 MB (heap, tokenizer, KV) instead of ~720 MB with the packed weights
+on the heap; the restore fell from ~0.4 s to ~0.14 s. CRIU's lazy restore (`criu lazy-pages`, pages served
 over userfaultfd on first touch) returned in 60-90 ms but made the first token slower and less steady
-(0.5-0.75 s against 0.54-0.56 s), since the first forward pass faults in every weight page by page.
+(0.5-0.75 s against 0.54-0.56 s, measured with the 720 MB image), since the first forward pass faults in
+every page one by one.
 
 A snapshot is used only where it is exactly valid (`SnapshotKey`): the same bundle, server command,
 runtime source, interpreter, CRIU build and boot (CRIU needs the same pids free and continuous
@@ -65,10 +68,17 @@ class SnapshotKey:
     boot_id: str
     # A key from the environment lives in the snapshot's memory; a key file is re-read after a restore.
     api_key_env_digest: str
+    # The prepacked graphs' record (runtime/engine/prepacked.py): the process maps their files.
+    prepacked_digest: str = ""
 
     @classmethod
     def current(
-        cls, bundle_digest: str, command: tuple[str, ...], criu_version: str, api_key_env: str | None
+        cls,
+        bundle_digest: str,
+        command: tuple[str, ...],
+        criu_version: str,
+        api_key_env: str | None,
+        prepacked_digest: str = "",
     ) -> SnapshotKey:
         env_key = os.environ.get(api_key_env, "") if api_key_env else ""
         return cls(
@@ -79,6 +89,7 @@ class SnapshotKey:
             interpreter=f"{sys.executable} {sys.version.split()[0]}",
             criu=criu_version,
             boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+            prepacked_digest=prepacked_digest,
         )
 
     def mismatch(self, other: SnapshotKey) -> str | None:
@@ -86,7 +97,10 @@ class SnapshotKey:
         for name, ours in asdict(self).items():
             theirs = getattr(other, name)
             if theirs != ours:
-                shown = "" if name.endswith("digest") else f" (snapshot: {theirs!r}, now: {ours!r})"
+                if name == "command":
+                    shown = f" ({_arguments_changed(tuple(theirs), ours)})"
+                else:
+                    shown = "" if name.endswith("digest") else f" (snapshot: {theirs!r}, now: {ours!r})"
                 return f"its {name.replace('_', ' ')} differs{shown}"
         return None
 
@@ -223,6 +237,14 @@ def restore(state_dir: Path, key: SnapshotKey, criu: Criu, log_file: Path) -> in
     pid = int(pidfile.read_text())
     os.kill(pid, signal.SIGUSR1)  # the server's after-restore hook
     return pid
+
+
+def _arguments_changed(before: tuple[str, ...], now: tuple[str, ...]) -> str:
+    """What a server command gained and lost, rather than both commands in full."""
+    added = [arg for arg in now if arg not in before]
+    dropped = [arg for arg in before if arg not in now]
+    parts = ([f"now with {' '.join(added)}"] if added else []) + ([f"no more {' '.join(dropped)}"] if dropped else [])
+    return "; ".join(parts) or "its arguments are in another order"
 
 
 def _log_errors(log: Path) -> str:

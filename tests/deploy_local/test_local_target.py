@@ -16,6 +16,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from tests.conftest import DEMO_FUNCTION
 from tests.deploy_local.conftest import FUNCTION, KEY_ENV, Workspace, client_for, pid_alive
 
 pytestmark = pytest.mark.real_model
@@ -31,6 +32,7 @@ def test_deploy_invoke_redeploy_destroy(workspace: Workspace) -> None:
 
     deployed = workspace.pkg("deploy", folder, "--target", "local")
     assert deployed.returncode == 0, deployed.stderr
+    assert "packed the weights for this CPU into" in deployed.stderr  # once per bundle and machine
     first = workspace.state()
     assert str(first["url"]) in deployed.stdout
     assert "generated into" in deployed.stdout
@@ -68,6 +70,7 @@ def test_deploy_invoke_redeploy_destroy(workspace: Workspace) -> None:
     workspace.env[KEY_ENV] = "key-from-the-environment"
     redeployed = workspace.pkg("deploy", folder)
     assert redeployed.returncode == 0, redeployed.stderr
+    assert "packed the weights" not in redeployed.stderr  # still valid: reused
     second = workspace.state()
     assert second["pid"] != first["pid"]
     assert not pid_alive(int(str(first["pid"])))
@@ -80,8 +83,9 @@ def test_deploy_invoke_redeploy_destroy(workspace: Workspace) -> None:
     assert destroyed.returncode == 0, destroyed.stderr
     assert not pid_alive(int(str(second["pid"])))
     local_dir = workspace.root / "build" / FUNCTION / "local"
-    # The demo deploys with `process_snapshot = true`: destroy keeps the snapshot for the next deploy.
-    assert sorted(p.name for p in local_dir.iterdir()) == ["process-snapshot", "server.log"]
+    # The demo deploys with `process_snapshot = true`: destroy keeps the snapshot (and the prepacked graphs it
+    # maps) for the next deploy.
+    assert sorted(p.name for p in local_dir.iterdir()) == ["prepacked", "process-snapshot", "server.log"]
     assert "Application startup complete" in (local_dir / "server.log").read_text()
 
     assert "Application startup complete" in workspace.pkg("logs", folder).stdout  # the log outlives the server
@@ -117,8 +121,13 @@ def test_deploy_without_a_bundle_says_to_build(workspace: Workspace) -> None:
 
 
 def test_a_crashed_server_shows_as_exited_and_destroy_still_cleans_up(workspace: Workspace) -> None:
-    folder = str(workspace.add_function(FUNCTION).relative_to(workspace.root))
-    assert workspace.pkg("deploy", folder).returncode == 0
+    # Also the plain way to deploy: no process snapshot, the bundle's graphs packed at start.
+    spec = (DEMO_FUNCTION / "function.toml").read_text().replace("process_snapshot = true", "prepack = false")
+    folder = str(workspace.add_function(FUNCTION, spec).relative_to(workspace.root))
+    deployed = workspace.pkg("deploy", folder)
+    assert deployed.returncode == 0, deployed.stderr
+    assert "--prepacked" not in list(workspace.state()["command"])  # type: ignore[call-overload]
+    assert not (workspace.root / "build" / FUNCTION / "local" / "prepacked").exists()
     pid = int(str(workspace.state()["pid"]))
     os.killpg(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10

@@ -47,6 +47,11 @@ def test_a_redeploy_resumes_the_snapshot_and_answers_like_a_fresh_start(workspac
     first = deploy(workspace, folder)
     assert first["start"] == "fresh"
     assert "process snapshot taken" in str(first["stdout"]) and snapshot_meta(workspace).is_file()
+    # The weights are mapped from the prepacked graphs, so the dump holds none of them (717 MiB before).
+    prepacked = workspace.root / "build" / FUNCTION / "local" / "prepacked"
+    assert "--prepacked" in list(first["command"]) and (prepacked / "prepacked.json").is_file()  # type: ignore[call-overload]
+    dumped = sum(path.stat().st_size for path in snapshot_meta(workspace).parent.iterdir())
+    assert dumped < 300 << 20, f"{dumped >> 20} MiB"
     fresh_reply = greedy_reply(first, workspace)
     old_key = (workspace.root / "build" / FUNCTION / "local" / "api-key").read_text().strip()
 
@@ -125,6 +130,13 @@ def test_a_snapshot_key_names_the_first_difference() -> None:
     assert key.mismatch(moved) == "its boot id differs (snapshot: 'boot-2', now: 'boot-1')"
     rekeyed = SnapshotKey("sha256:a", ("python", "-m", "runtime"), "r1", "python 3.11", "4.1.1", "boot-1", "d")
     assert key.mismatch(rekeyed) == "its api key env digest differs"  # digests are not shown
+    moved_port = SnapshotKey("sha256:a", ("python", "--port", "1"), "r1", "python 3.11", "4.1.1", "boot-1", "")
+    now = SnapshotKey(
+        "sha256:a", ("python", "--port", "2", "--prepacked", "p"), "r1", "python 3.11", "4.1.1", "boot-1", ""
+    )
+    assert now.mismatch(moved_port) == "its command differs (now with 2 --prepacked p; no more 1)"
+    repacked = SnapshotKey("sha256:a", ("python", "-m", "runtime"), "r1", "python 3.11", "4.1.1", "boot-1", "", "x")
+    assert key.mismatch(repacked) == "its prepacked digest differs"
 
 
 def test_criu_missing_is_a_reason_not_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
