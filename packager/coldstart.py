@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
@@ -58,12 +58,30 @@ class ChatProbe:
     system_prompt: str | None
     user: str = "What is the capital of France? Answer in one word."
     max_tokens: int = 4
+    path: ClassVar[str] = "/v1/chat/completions"
 
     def body(self) -> dict[str, Any]:
         messages = [{"role": "user", "content": self.user}]
         if self.system_prompt:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return {"model": "bench", "messages": messages, "max_tokens": self.max_tokens, "stream": True, "temperature": 0}
+
+
+@dataclass(frozen=True)
+class CompletionProbe:
+    """A plain streamed completion of `prompt` (what `scripts/bench.py` sends every system it starts)."""
+
+    prompt: str
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    max_tokens: int = 1
+    path: ClassVar[str] = "/v1/completions"
+
+    def body(self) -> dict[str, Any]:
+        fields = {"prompt": self.prompt, "max_tokens": self.max_tokens, "stream": True, "temperature": 0}
+        return {"model": "bench", **fields, **self.extra_body}
+
+
+Probe = ChatProbe | CompletionProbe
 
 
 @dataclass
@@ -91,15 +109,15 @@ def run_server_once(
     precompile_runtime()
     command = server_command(python, bundle, variant, threads, port)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "ONNXFN_STATE_DIR": str(state_dir)}
-    with tempfile.TemporaryDirectory(prefix="coldstart-") as tmp:
+    # The client exists before the exec: building one (its TLS context) is the bench's cost, not the server's.
+    with tempfile.TemporaryDirectory(prefix="coldstart-") as tmp, _client(port) as client:
         log_path = Path(tmp) / "server.log"
         with log_path.open("wb") as log:
             exec_time = time.monotonic()
             process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60.0) as client:
-                ready = _wait_ready(client, process, log_path)
-                first, text = _first_token(client, probe)
+            ready = _wait_ready(client, process, log_path)
+            first, text = _first_token(client, probe)
         finally:
             stop_process(process)
         timeline = parse_timeline(log_path.read_text(errors="replace"))
@@ -122,43 +140,50 @@ def server_command(python: str, bundle: Path, variant: ServerVariant, threads: i
 class ProcessSnapshotRuns:
     """Scale from zero through the `local` target's process snapshot: `criu restore` → ready → first token.
 
-    The snapshot is taken once, of a server started as `pkg deploy` starts one (a pid namespace of its own,
-    the prompt graph built, then dumped); every call restores a copy, streams the probe and stops it.
+    The snapshot is taken once, of a server started as `pkg deploy` starts one (graphs with prepacked weights,
+    a pid namespace of its own, the prompt graph built, then dumped); every call restores a copy, streams the
+    probe and stops it.
     """
 
     def __init__(
-        self, python: str, bundle: Path, variant: ServerVariant, probe: ChatProbe, threads: int, work: Path
+        self, python: str, bundle: Path, variant: ServerVariant, probe: Probe, threads: int, work: Path
     ) -> None:
         from packager.deploy.process_snapshot import Criu
 
         self.criu = Criu.find()  # SnapshotUnavailable, with the reason, where CRIU cannot run
-        self.command = server_command(python, bundle, variant, threads, free_port())
+        self.bundle, self.prepacked, self.threads = bundle, work / "prepacked", threads
+        flags = ServerVariant(variant.name, (*variant.flags, "--prepacked", str(self.prepacked)))
+        self.command = server_command(python, bundle, flags, threads, free_port())
         self.probe, self.work = probe, work
         self.env = {**os.environ, "OMP_NUM_THREADS": str(threads), "ONNXFN_STATE_DIR": str(work / "state"),
                     "ORT_DISABLE_TELEMETRY": "1"}  # fmt: skip
         self.key: Any = None
 
     @property
+    def port(self) -> int:
+        return int(self.command[self.command.index("--port") + 1])
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.command[self.command.index('--port') + 1]}"
+        return f"http://127.0.0.1:{self.port}"
 
     def __call__(self) -> ColdSample:
         from packager.deploy import process_snapshot
 
         if self.key is None:
             self.key = self._capture()
-        exec_time = time.monotonic()
-        try:
-            pid = process_snapshot.restore(self.work, self.key, self.criu, self.work / "server.log")
-        except process_snapshot.SnapshotUnavailable as exc:
-            raise RuntimeError(str(exc)) from exc
-        restored = time.monotonic()
-        try:
-            with httpx.Client(base_url=self.url, timeout=60.0) as client:
+        with _client(self.port) as client:
+            exec_time = time.monotonic()
+            try:
+                pid = process_snapshot.restore(self.work, self.key, self.criu, self.work / "server.log")
+            except process_snapshot.SnapshotUnavailable as exc:
+                raise RuntimeError(str(exc)) from exc
+            restored = time.monotonic()
+            try:
                 ready = _wait_ready(client, _Pid(pid), self.work / "server.log")
                 first, text = _first_token(client, self.probe)
-        finally:
-            _terminate(pid, STOP_GRACE)
+            finally:
+                _terminate(pid, STOP_GRACE)
         return ColdSample(
             exec_to_ready=ready - exec_time,
             exec_to_first_token=first - exec_time,
@@ -169,15 +194,21 @@ class ProcessSnapshotRuns:
 
     def _capture(self) -> Any:
         from packager.deploy import process_snapshot
+        from runtime.bundle import open_bundle
+        from runtime.engine.prepacked import PrepackedGraphs, bundle_graphs
 
         precompile_runtime()
+        bundle = open_bundle(self.bundle, verify=False)
+        prepacked = PrepackedGraphs(self.prepacked)
+        prepacked.write(bundle, bundle_graphs(bundle), self.threads)
         with (self.work / "server.log").open("wb") as log:
             launcher, pid = process_snapshot.launch_isolated(self.command, log, self.env)
         try:
-            with httpx.Client(base_url=self.url, timeout=60.0) as client:
+            with _client(self.port) as client:
                 _wait_ready(client, launcher, self.work / "server.log")
             process_snapshot.wait_until_warm(self.url, {}, READY_TIMEOUT)
-            key = process_snapshot.SnapshotKey.current("bench", tuple(self.command), self.criu.version, None)
+            command = tuple(self.command)
+            key = process_snapshot.SnapshotKey.current("bench", command, self.criu.version, None, prepacked.digest())
             process_snapshot.capture(self.work, pid, key, self.criu)
         except process_snapshot.SnapshotUnavailable as exc:
             raise RuntimeError(str(exc)) from exc
@@ -212,6 +243,10 @@ def timeline_phases(timeline: dict[str, Any] | None, exec_time: float) -> dict[s
     return phases
 
 
+def _client(port: int) -> httpx.Client:
+    return httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60.0)
+
+
 def _wait_ready(client: httpx.Client, process: subprocess.Popen[bytes] | _Pid, log_path: Path) -> float:
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
@@ -227,15 +262,15 @@ def _wait_ready(client: httpx.Client, process: subprocess.Popen[bytes] | _Pid, l
     raise TimeoutError(f"the server was not ready after {READY_TIMEOUT} s")
 
 
-def _first_token(client: httpx.Client, probe: ChatProbe) -> tuple[float, str]:
-    with client.stream("POST", "/v1/chat/completions", json=probe.body()) as response:
+def _first_token(client: httpx.Client, probe: Probe) -> tuple[float, str]:
+    with client.stream("POST", probe.path, json=probe.body()) as response:
         if response.status_code != 200:
             raise RuntimeError(f"chat completion failed: HTTP {response.status_code} {response.read()[:300]!r}")
         for line in response.iter_lines():
             if not line.startswith("data:") or line.strip() == "data: [DONE]":
                 continue
             choices = json.loads(line[5:]).get("choices") or [{}]
-            content = choices[0].get("delta", {}).get("content")
+            content = choices[0].get("delta", {}).get("content") or choices[0].get("text")
             if content:
                 return time.monotonic(), content
     raise RuntimeError("the stream carried no token")

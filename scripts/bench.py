@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import coldstart, embeddings, footprint, machine, report, sections
 from benchlib.pool import Worker, WorkerError
 from benchlib.prompts import PromptFactory
-from benchlib.systems import REGISTRY
+from benchlib.systems import PROCESS_SNAPSHOT, REGISTRY
 from benchlib.systems.base import SystemConfig
 
 from packager.processes import precompile_runtime
@@ -239,8 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         progress(started, "cold start")
         text = prompts.take(plan.decode_prompt).text
         reps = 3 if args.quick else plan.repetitions
+        warm = coldstart.measure_cold(configs, text, reps, drop_cache=False)
+        http = next((c for c in configs if c.system == "onnxfn-http"), None)
+        if http is not None:  # the `local` target's resumed server, beside the fresh starts
+            warm["systems"][PROCESS_SNAPSHOT] = coldstart.measure_process_snapshot(http, text, reps)
         results["cold"] = {
-            "warm_cache": coldstart.measure_cold(configs, text, reps, drop_cache=False),
+            "warm_cache": warm,
             "dropped_cache": coldstart.measure_cold(configs, text, reps, drop_cache=True),
             "floor_s": footprint.cold_floor(found["onnxfn"].total_bytes, max(bandwidth.values()), interpreter_s),
         }

@@ -102,3 +102,33 @@ def measure_cold(configs: list[SystemConfig], text: str, repetitions: int, drop_
             "samples_s": [r["total"] for r in runs],
         }
     return {"systems": results}
+
+
+def measure_process_snapshot(config: SystemConfig, text: str, repetitions: int) -> dict[str, Any]:
+    """onnxfn's server resumed from the `local` target's process snapshot, with the same flags and request as
+    `onnxfn-http`'s fresh starts; an error entry where CRIU cannot run."""
+    from packager.coldstart import CompletionProbe, ProcessSnapshotRuns, ServerVariant
+    from packager.deploy.process_snapshot import SnapshotUnavailable
+
+    spec = SPECS["onnxfn-http"](config)
+    serve_flags = spec.command[spec.command.index("--log-level") + 2 :]  # the engine flags, threads included
+    flags = ServerVariant("process-snapshot", tuple(serve_flags))
+    probe = CompletionProbe(text, extra_body=dict(spec.extra_body))
+    samples = []
+    with tempfile.TemporaryDirectory(prefix="bench-criu-") as work:
+        try:
+            runs = ProcessSnapshotRuns(config.python, Path(config.bundle), flags, probe, config.threads, Path(work))
+            runs()  # takes the snapshot, then warms the page cache like the other systems' first run
+            samples = [runs() for _ in range(repetitions)]
+        except (SnapshotUnavailable, RuntimeError, TimeoutError) as exc:
+            return {"error": str(exc)}
+    return {
+        "total_s": median([s.exec_to_first_token for s in samples]),
+        "phases_s": {
+            "criu_restore": median([s.phases["criu_restore"] for s in samples]),
+            "exec_to_ready": median([s.exec_to_ready for s in samples]),
+            "first_token": median([s.ready_to_first_token for s in samples]),
+        },
+        "peak_rss_mib": None,
+        "samples_s": [s.exec_to_first_token for s in samples],
+    }

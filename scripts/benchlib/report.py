@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from benchlib import embeddings
-from benchlib.systems import SERVERS, VARIANTS
+from benchlib.systems import PROCESS_SNAPSHOT, SERVERS, VARIANTS
 
 BUSY_SHARE = 0.05  # other processes' share of CPU time above which the report warns
 
@@ -45,7 +45,7 @@ def ratio(system: str, table: dict[str, dict[str, Any]], key: str, higher_is_bet
     if system == base_name:
         return "1.00", "baseline"
     if system in VARIANTS:
-        return "-", "onnxfn, decode = throughput"
+        return "-", VARIANTS[system]
     mine, base = table.get(system, {}).get(key), table.get(base_name, {}).get(key)
     if mine is None or base is None or not mine or not base:
         return "-", f"no {base_name} figure"
@@ -158,8 +158,20 @@ def render_cold(results: dict[str, Any]) -> str:
             phases = ", ".join(f"{k} {ms(v)}" for k, v in entry["phases_s"].items())
             rows.append([name, ms(entry["total_s"]), times, verdict, phases, fmt(entry["peak_rss_mib"], 0)])
         out += f"**{label}**\n\n" + table(["system", "total ms", "onnxfn x", "verdict", "phases (ms)", "RSS MiB"], rows)
-        out += "\n"
+        out += "\n" + _snapshot_ratios(figure["systems"])
     return out + f"Floor: bundle bytes / read bandwidth + bare `python -c pass` = {ms(cold['floor_s'])} ms.\n"
+
+
+def _snapshot_ratios(systems: dict[str, Any]) -> str:
+    """How the process-snapshot start compares with every other row (the `onnxfn x` column cannot say)."""
+    mine = systems.get(PROCESS_SNAPSHOT, {}).get("total_s")
+    others = [
+        f"{name} {entry['total_s'] / mine:.2f}x"
+        for name, entry in systems.items()
+        if mine and name != PROCESS_SNAPSHOT and entry.get("total_s")
+    ]
+    head = f"{PROCESS_SNAPSHOT} against each (their time / its time; above 1.00 it starts sooner): "
+    return head + ", ".join(others) + "\n\n" if others else ""
 
 
 def render_memory(results: dict[str, Any]) -> str:

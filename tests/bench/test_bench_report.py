@@ -89,3 +89,22 @@ def test_the_busy_warning_follows_other_processes_cpu_share_not_the_load_average
     text = report.render_header({"meta": meta})
     assert ("the machine was busy" in text) is warned
     assert "1-min load average 1.6 at the start" in text
+
+
+def test_the_process_snapshot_row_is_compared_with_every_start_not_judged_against_onnxfn() -> None:
+    def entry(total_s: float) -> dict:
+        return {"total_s": total_s, "phases_s": {"exec_to_ready": total_s / 2}, "peak_rss_mib": None}
+
+    systems = {
+        "onnxfn": entry(1.0),
+        "onnxfn-http": entry(1.2),
+        "onnxfn-http-process-snapshot": entry(0.3),
+        "llamacpp": entry(0.9),
+    }
+    cold = {"warm_cache": {"systems": systems}, "dropped_cache": {"skipped": "needs root"}, "floor_s": 0.07}
+    text = report.render_cold({"cold": cold})
+    row = next(line for line in text.splitlines() if line.startswith("| onnxfn-http-process-snapshot "))
+    assert "onnxfn, resumed from a process snapshot" in row and "loses" not in row
+    assert "| 300 |" in row
+    assert "against each (their time / its time; above 1.00 it starts sooner): onnxfn 3.33x, onnxfn-http 4.00x, " \
+        "llamacpp 3.00x" in text  # fmt: skip

@@ -17,8 +17,13 @@ REGISTRY = {
     "transformers": ("benchlib.systems.hf", "TransformersSystem"),
 }
 SERVERS = ("onnxfn-http", "onnxfn-http-throughput", "llamacpp-server")
+# The `local` target's server resumed from a CRIU process snapshot: a cold-start row only.
+PROCESS_SNAPSHOT = "onnxfn-http-process-snapshot"
 # onnxfn run another way than the baseline: measured beside it, not compared with it.
-VARIANTS = ("onnxfn-http-throughput",)
+VARIANTS = {
+    "onnxfn-http-throughput": "onnxfn, decode = throughput",
+    PROCESS_SNAPSHOT: "onnxfn, resumed from a process snapshot",
+}
 
 
 def import_system(name: str) -> type[Any]:
