@@ -126,11 +126,21 @@ class PrepackedGraphs:
 
         A half-written directory is never left under the final name: the copies are written beside it first.
         """
-        import onnxruntime as ort
-
         partial = self.directory.with_name(self.directory.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
+        try:
+            self._write_into(partial, bundle, graphs, threads)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)  # gigabytes, of no use half written
+            raise
+        shutil.rmtree(self.directory, ignore_errors=True)
+        partial.replace(self.directory)
+
+    @staticmethod
+    def _write_into(partial: Path, bundle: Bundle, graphs: list[Path], threads: int) -> None:
+        import onnxruntime as ort
+
         files: dict[str, dict[str, list[int]]] = {}
         for graph in graphs:
             target = partial / graph.name
@@ -148,5 +158,3 @@ class PrepackedGraphs:
             files[graph.name] = {target.name: _identity(target), data_file(target).name: _identity(data_file(target))}
         meta = {"format": FORMAT, "bundle_digest": bundle.manifest.digest, **machine_key(), "files": files}
         (partial / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        shutil.rmtree(self.directory, ignore_errors=True)
-        partial.replace(self.directory)

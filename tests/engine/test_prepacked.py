@@ -127,3 +127,13 @@ def test_a_copy_that_no_longer_matches_is_ignored_with_the_reason(
         PrepackedGraphs(tmp_path / "absent").problem(bundle, model)
         == f"{tmp_path / 'absent' / META_FILE} does not exist"
     )
+
+
+def test_a_failed_write_leaves_neither_a_partial_copy_nor_a_broken_one(bundle: Bundle, tmp_path: Path) -> None:
+    graphs = PrepackedGraphs(tmp_path / "prepacked")
+    graphs.directory.mkdir()
+    (graphs.directory / META_FILE).write_text("{}")  # an earlier write's record: kept when this one fails
+    with pytest.raises(Exception, match="missing.onnx"):
+        graphs.write(bundle, [tmp_path / "missing.onnx"], threads=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prepacked"]
+    assert (graphs.directory / META_FILE).read_text() == "{}"
