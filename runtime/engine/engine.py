@@ -26,7 +26,7 @@ from runtime.bundle import Bundle
 from runtime.engine.background import BUILD_PATIENCE_S, Idleness, run_in_background
 from runtime.engine.config import EngineConfig
 from runtime.engine.constraints import Grammars
-from runtime.engine.huge_pages import CollapseReport, collapse
+from runtime.engine.huge_pages import CollapseReport, collapse, release_free_heap
 from runtime.engine.kv_cache import KVPool, PrefixCache, context_for_budget
 from runtime.engine.output import OutputProcessor
 from runtime.engine.providers import short_name
@@ -312,6 +312,7 @@ class Engine:
         else:
             self._decoder.attach_prefill(session)
             log.info("prefill graph in use (built in %.2f s)", build.duration)
+        release_free_heap()
         self._set_kv_reuse()
         self._move_to_huge_pages()
 

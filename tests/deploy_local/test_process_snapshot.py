@@ -47,11 +47,11 @@ def test_a_redeploy_resumes_the_snapshot_and_answers_like_a_fresh_start(workspac
     first = deploy(workspace, folder)
     assert first["start"] == "fresh"
     assert "process snapshot taken" in str(first["stdout"]) and snapshot_meta(workspace).is_file()
-    # The weights are mapped from the prepacked graphs, so the dump holds none of them (717 MiB before).
+    # The weights are mapped from the prepacked graphs, so the dump holds none of them (717 MiB before, 121 now).
     prepacked = workspace.root / "build" / FUNCTION / "local" / "prepacked"
     assert "--prepacked" in list(first["command"]) and (prepacked / "prepacked.json").is_file()  # type: ignore[call-overload]
     dumped = sum(path.stat().st_size for path in snapshot_meta(workspace).parent.iterdir())
-    assert dumped < 300 << 20, f"{dumped >> 20} MiB"
+    assert dumped < 200 << 20, f"{dumped >> 20} MiB"
     fresh_reply = greedy_reply(first, workspace)
     old_key = (workspace.root / "build" / FUNCTION / "local" / "api-key").read_text().strip()
 
