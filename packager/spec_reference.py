@@ -96,7 +96,7 @@ KEY_DOCS: dict[str, str] = {
     "targets.local.host": "Address the server binds to.",
     "targets.local.port": "Port; 0 picks a free one.",
     "targets.local.process_snapshot": "Snapshot the warmed server with CRIU after a deploy and resume that snapshot on "
-    "the next one (first token in about 0.3 s instead of 1.4 s here). Needs root and CRIU >= 4.1 "
+    "the next one (first token in about 0.25 s instead of 1.1 s here). Needs root and CRIU >= 4.1 "
     "(`scripts/setup_criu.sh`); without them, or when the snapshot no longer matches, the server starts normally.",
     "targets.local.prepack": "Write the bundle's graphs with their weights packed for this CPU into "
     "`build/NAME/local/prepacked/` (once per bundle: ~2.5 s, ~1.5 GB for the demo) and serve from there: the packed "

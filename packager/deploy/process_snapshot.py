@@ -9,8 +9,8 @@ the random generators) when the launcher sends it SIGUSR1.
 
 The restore reads the whole image back before the process runs again, so the image is kept small: the
 server maps its weights from the prepacked graphs (runtime/engine/prepacked.py), file-backed pages CRIU does
-not dump, and the demo's image holds ~170 MB (heap, tokenizer, KV) instead of ~720 MB with the packed weights
-on the heap; the restore fell from ~0.4 s to ~0.14 s. CRIU's lazy restore (`criu lazy-pages`, pages served
+not dump, and the demo's image holds ~120 MB (heap, tokenizer, KV) instead of ~720 MB with the packed weights
+on the heap; the restore fell from ~0.4 s to ~0.1 s. CRIU's lazy restore (`criu lazy-pages`, pages served
 over userfaultfd on first touch) returned in 60-90 ms but made the first token slower and less steady
 (0.5-0.75 s against 0.54-0.56 s, measured with the 720 MB image), since the first forward pass faults in
 every page one by one.
