@@ -9,6 +9,7 @@
 # the server normally and say why they did not use a process snapshot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/apt.sh
 
 VERSION=4.1.1
 SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
@@ -23,16 +24,7 @@ fi
 BUILD_DEPS=(build-essential pkg-config libbsd-dev libcap-dev libnet1-dev libnl-3-dev libprotobuf-c-dev
             libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev libgnutls28-dev python3-protobuf
             curl xz-utils)
-missing=()
-for package in "${BUILD_DEPS[@]}"; do
-    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing ${missing[*]} (apt-get, to build CRIU)" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+apt_install_missing "to build CRIU" "${BUILD_DEPS[@]}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "building CRIU ${VERSION} (about 2 minutes on 2 cores)" >&2

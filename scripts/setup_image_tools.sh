@@ -6,19 +6,11 @@
 # Needs root for apt-get (CI and these machines run as root). Re-running it is a no-op.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/apt.sh
 
 PACKAGES=(docker-registry debootstrap podman runc umoci qemu-user-static binfmt-support uidmap iproute2)
 
-missing=()
-for package in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing ${missing[*]} (apt-get)" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+apt_install_missing "" "${PACKAGES[@]}"
 # The packaged registry starts a system-wide instance listening on all interfaces; tests run their own.
 if command -v systemctl >/dev/null && systemctl is-active --quiet docker-registry 2>/dev/null; then
     systemctl stop docker-registry || true
