@@ -54,15 +54,16 @@ def _identities(root: Path, manifest: Manifest) -> dict[str, list[int]] | None:
     out: dict[str, list[int]] = {}
     try:
         for name in sorted(folders):
-            out[f"{name}/"] = _identity(root / name)
+            out[f"{name}/"] = file_identity(root / name)
         for name in sorted(manifest.files):
-            out[name] = _identity(root / name)
+            out[name] = file_identity(root / name)
     except OSError:
         return None
     return out
 
 
-def _identity(path: Path) -> list[int]:
+def file_identity(path: Path) -> list[int]:
+    """What changes when a file is written or replaced (see the module docstring for why not ctime)."""
     st = path.lstat()
     return [st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns]
 

@@ -10,9 +10,9 @@ dumps no clean file-backed pages. Decode and prefill run as fast as from packed 
 
 The packed layout depends on the CPU's instruction sets and on the ONNX Runtime build, so a copy is used
 only on a machine with the same CPU flags, the same ONNX Runtime version, for the same bundle, and with its
-files as they were written (size and mtime); anything else falls back to the bundle's graph, with the
-reason logged. The copies live outside the bundle (its manifest lists every file it holds): the `local`
-target writes them under `build/NAME/local/prepacked/`.
+files as they were written (the identity `runtime.verified` trusts: size, inode, mtime); anything else falls
+back to the bundle's graph, with the reason logged. The copies live outside the bundle (its manifest lists
+every file it holds): the `local` target writes them under `build/NAME/local/prepacked/`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.bundle import Bundle
+from runtime.verified import file_identity
 
 META_FILE = "prepacked.json"
 FORMAT = 1
@@ -66,9 +67,9 @@ def _cpu_digest() -> str:
     return hashlib.sha256(described.encode()).hexdigest()
 
 
-def _identity(path: Path) -> list[int]:
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns]
+def _identities(graph: Path) -> dict[str, list[int]]:
+    """The identities of a graph file and of its data file, by name."""
+    return {graph.name: file_identity(graph), data_file(graph).name: file_identity(data_file(graph))}
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ class PrepackedGraphs:
             return f"they hold no {name}"
         copy = self.directory / name
         try:
-            current = {copy.name: _identity(copy), data_file(copy).name: _identity(data_file(copy))}
+            current = _identities(copy)
         except OSError as exc:
             return f"{exc.filename} is missing"
         if current != recorded:
@@ -155,6 +156,6 @@ class PrepackedGraphs:
             )
             options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
             ort.InferenceSession(str(graph), sess_options=options, providers=["CPUExecutionProvider"])
-            files[graph.name] = {target.name: _identity(target), data_file(target).name: _identity(data_file(target))}
+            files[graph.name] = _identities(target)
         meta = {"format": FORMAT, "bundle_digest": bundle.manifest.digest, **machine_key(), "files": files}
         (partial / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
