@@ -25,6 +25,7 @@ Needs CRIU >= 4.1 (`scripts/setup_criu.sh` builds it for Debian 12) and root.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -256,6 +257,7 @@ def _log_errors(log: Path) -> str:
     return "; ".join(lines[-3:]) or f"see {log}"
 
 
+@functools.cache  # the sources do not change during one deploy, which may build a key twice (refused restore)
 def _runtime_digest() -> str:
     digest = hashlib.sha256()
     root = Path(runtime.__file__).parent
