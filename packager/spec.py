@@ -8,6 +8,7 @@ once, each naming the key, the bad value and what is allowed.
 from __future__ import annotations
 
 import hashlib
+import json
 import tomllib
 import types
 import typing
@@ -249,7 +250,7 @@ class FunctionSpec:
     endpoint: EndpointSection = field(default_factory=EndpointSection)
     targets: TargetsSection = field(default_factory=TargetsSection)
     image: ImageSection | None = None
-    # Where the spec was read from, and the sha256 of its bytes; not keys of the TOML file.
+    # Where the spec was read from, and the sha256 of its parsed values; not keys of the TOML file.
     directory: Path = field(default=Path("."), metadata={"internal": True})
     digest: str = field(default="", metadata={"internal": True})
 
@@ -273,14 +274,21 @@ def load_spec(function_dir: str | Path) -> FunctionSpec:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise SpecError(path, [f"not valid TOML: {exc}"]) from exc
     table.setdefault("name", path.parent.resolve().name)
+    digest = _table_digest(table)
     problems: list[str] = []
     values = _parse_table(FunctionSpec, table, "", problems)
     if problems:
         raise SpecError(path, problems)
-    values.update(directory=path.parent, digest="sha256:" + hashlib.sha256(raw).hexdigest())
+    values.update(directory=path.parent, digest=digest)
     spec = FunctionSpec(**values)
     _check_cross_field(spec, path)
     return spec
+
+
+def _table_digest(table: dict[str, Any]) -> str:
+    """The sha256 of the parsed table: editing a comment or the layout of the file changes no bundle."""
+    canonical = json.dumps(table, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _check_cross_field(spec: FunctionSpec, path: Path) -> None:

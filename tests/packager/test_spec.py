@@ -29,6 +29,15 @@ def test_demo_spec_parses_into_typed_sections() -> None:
     assert spec.digest.startswith("sha256:") and len(spec.digest) == 71
 
 
+def test_digest_follows_values_not_comments_or_layout(tmp_path: Path) -> None:
+    base = '[model]\nsource = "gguf:model.gguf"\n[runtime]\nmax_batch = 4\n'
+    reformatted = '# a comment\n[runtime]\nmax_batch   =   4  # slots\n\n[model]\nsource = "gguf:model.gguf"\n'
+    changed = base.replace("max_batch = 4", "max_batch = 5")
+    digests = [load_spec(write_spec(tmp_path, text)).digest for text in (base, reformatted, changed)]
+    assert digests[0] == digests[1]
+    assert digests[2] != digests[0]
+
+
 def test_defaults_fill_missing_sections(tmp_path: Path) -> None:
     spec = load_spec(write_spec(tmp_path, '[model]\nsource = "gguf:model.gguf"\n'))
     assert spec.name == tmp_path.name
