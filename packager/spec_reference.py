@@ -41,8 +41,9 @@ KEY_DOCS: dict[str, str] = {
     "export.accuracy_level": "MatMulNBits compute type: 1 fp32, 2 fp16, 3 bf16, 4 int8 activations.",
     "export.max_context": "Longest sequence (prompt + completion) the graph and the KV cache are built for.",
     "export.prefill_graph": "Generative models on the CPU: also write `prefill.onnx`, the graph prompts run "
-    "through (fp32 matmuls on the dequantized weights, logits of the last position only): ~2.5x faster prefill "
-    "and time to first token, for a bundle and resident memory larger by the fp32 copy of the weights "
+    "through (fp32 matmuls on the dequantized weights, logits of each prompt's last position only): "
+    "~2.5x faster prefill and time to first token, for a bundle and resident memory larger by the fp32 copy "
+    "of the weights "
     "(demo: 267 → 692 MB on disk, ~320 → ~770 MB RSS). Set false where memory or image size matter more "
     "(small Lambda functions). Replies can differ slightly: the prompt's KV then comes from fp32 activations. "
     "A server is ready before this graph has loaded (~0.4 s later, at low CPU priority); prompts that arrive "

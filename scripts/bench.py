@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     if (bundle / "prefill.onnx").is_file():
         notes.append(
             "onnxfn prefills prompts through the bundle's prefill.onnx (the same int8 weights dequantized to fp32 "
-            "matmuls, logits of the last position only) and decodes through model.onnx; onnxruntime-genai runs "
-            "model.onnx (the builder's graph) for both, so its tokens may differ from onnxfn's"
+            "matmuls, logits of each prompt's last position only) and decodes through model.onnx; onnxruntime-genai "
+            "runs model.onnx (the builder's graph) for both, so its tokens may differ from onnxfn's"
         )
     configs = [
         SystemConfig(s, str(bundle), str(gguf), str(hf_dir), args.threads, max(plan.concurrency_levels), sys.executable)

@@ -7,7 +7,11 @@ prefill in lm_head although only the last position is ever sampled. Decoding one
 the other way round: int8 weights read 4x fewer bytes and win at every batch size the engine runs.
 
 So the prefill graph is the builder's graph with
-- a Slice of the last position before lm_head (logits `[batch, 1, vocab]`);
+- a per-row gather of each prompt's last position before lm_head (logits `[batch, 1, vocab]`): the
+  position is `max(0, S - T + sum(attention_mask[row]) - 1)` for S new tokens and a mask T wide, i.e.
+  the last new token of a single row (past or not), each row's own last token in a batch of
+  right-padded first prompts (so the engine can prefill several prompts in one run), and position 0
+  of every row of a ragged decode step;
 - every MatMulNBits except lm_head replaced by a MatMul on the same weights dequantized to fp32
   (`prefill.onnx.data`; none for an fp32 export); lm_head stays int8 (one row per prefill).
 Every other initializer keeps pointing into `model.onnx.data`, so the graphs share those bytes on
@@ -24,9 +28,9 @@ import onnx
 from onnx import TensorProto, helper
 
 from packager.errors import UserError
-from runtime.engine.session import PREFILL_MODEL_FILE
+from runtime.engine.session import PREFILL_MODEL_FILE, ROW_LAST_POSITIONS
 
-PREFILL_GRAPH_VERSION = 1  # bump when the graph written here changes, to rebuild bundles
+PREFILL_GRAPH_VERSION = 2  # bump when the graph written here changes, to rebuild bundles
 PREFILL_DATA_FILE = PREFILL_MODEL_FILE + ".data"
 LM_HEAD_PREFIX = "/lm_head/"
 _ALIGN = 4096  # page-aligned tensors in the data file, so ONNX Runtime can map them
@@ -39,12 +43,14 @@ def write_prefill_graph(bundle_dir: Path, model_file: str) -> list[str]:
     written = [PREFILL_MODEL_FILE]
     if _dequantize_matmuls(model, bundle_dir):
         written.append(PREFILL_DATA_FILE)
-    _slice_last_position(model)
+    _gather_last_positions(model)
+    key, value = ROW_LAST_POSITIONS
+    helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, key: value})
     onnx.save(model, str(bundle_dir / PREFILL_MODEL_FILE))
     return written
 
 
-def _slice_last_position(model: onnx.ModelProto) -> None:
+def _gather_last_positions(model: onnx.ModelProto) -> None:
     graph = model.graph
     heads = [n for n in graph.node if n.name.startswith(LM_HEAD_PREFIX) and _LOGITS in n.output]
     if len(heads) != 1:
@@ -53,12 +59,34 @@ def _slice_last_position(model: onnx.ModelProto) -> None:
             "(is this an onnxruntime-genai builder graph?)"
         )
     head = heads[0]
-    hidden = head.input[0]
-    constants = {"prefill/last_start": -1, "prefill/last_stop": np.iinfo(np.int64).max, "prefill/last_axis": 1}
-    graph.initializer.extend(helper.make_tensor(name, TensorProto.INT64, [1], [v]) for name, v in constants.items())
-    last = helper.make_node("Slice", [hidden, *constants], ["prefill/last_hidden"], name="/prefill/last_position")
+    inputs = {i.name for i in graph.input}
+    ids, mask = "input_ids", "attention_mask"
+    if not {ids, mask} <= inputs:
+        raise UserError(f"the exported graph lacks {ids!r} or {mask!r}; onnxfn expects a genai builder graph")
+    constants = {"prefill/axis1": [1], "prefill/one": [1], "prefill/zero": [0]}
+    graph.initializer.extend(helper.make_tensor(name, TensorProto.INT64, [1], v) for name, v in constants.items())
+
+    def node(op: str, inputs: list[str], output: str, **attrs: int) -> onnx.NodeProto:
+        return helper.make_node(op, inputs, [output], name=f"/prefill/{output.removeprefix('prefill/')}", **attrs)
+
+    nodes = [
+        node("Shape", [ids], "prefill/ids_shape"),
+        node("Gather", ["prefill/ids_shape", "prefill/one"], "prefill/new", axis=0),  # S
+        node("Shape", [mask], "prefill/mask_shape"),
+        node("Gather", ["prefill/mask_shape", "prefill/one"], "prefill/width", axis=0),  # T
+        node("ReduceSum", [mask, "prefill/axis1"], "prefill/lengths", keepdims=1),  # [batch, 1]
+        node("Sub", ["prefill/new", "prefill/width"], "prefill/shift"),
+        node("Add", ["prefill/lengths", "prefill/shift"], "prefill/end"),
+        node("Sub", ["prefill/end", "prefill/one"], "prefill/last_or_less"),  # [batch, 1]: S - T + length - 1
+        # A decode step (S = 1) pads shorter rows' masks on the right: their one position is 0.
+        node("Max", ["prefill/last_or_less", "prefill/zero"], "prefill/last"),
+        node("GatherND", [head.input[0], "prefill/last"], "prefill/last_hidden_2d", batch_dims=1),  # [batch, H]
+        node("Unsqueeze", ["prefill/last_hidden_2d", "prefill/axis1"], "prefill/last_hidden"),  # [batch, 1, H]
+    ]
     head.input[0] = "prefill/last_hidden"
-    graph.node.insert(list(graph.node).index(head), last)
+    at = list(graph.node).index(head)
+    for offset, added in enumerate(nodes):
+        graph.node.insert(at + offset, added)
     (logits,) = [o for o in graph.output if o.name == _LOGITS]
     dims = logits.type.tensor_type.shape.dim
     dims[1].Clear()

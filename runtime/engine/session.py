@@ -6,7 +6,7 @@ preallocated array. A binding per row range of the KV pool is built once and reu
 rebinds the two small integer inputs and the logits view.
 
 A bundle may carry a second graph for prompts, `prefill.onnx` (see packager/export/prefill.py): the
-same model with fp32 matmuls and logits for the last position only. Both sessions bind the same KV
+same model with fp32 matmuls and logits for each row's last position only. Both sessions bind the same KV
 buffers, so a prompt prefilled by one is decoded by the other without a copy. In `throughput` mode
 (`EngineConfig.decode`) the prefill graph is the only session and decodes too.
 """
@@ -32,6 +32,9 @@ from runtime.engine.huge_pages import Interval, memory_map, subtract
 from runtime.engine.providers import plan_providers
 
 PREFILL_MODEL_FILE = "prefill.onnx"
+# Metadata of a prefill graph whose logits are each row's last prompt position (packager/export/prefill.py,
+# graph version 2 on): right-padded first chunks of several prompts may then share one run.
+ROW_LAST_POSITIONS = ("onnxfn.prefill_logits", "last position of each row")
 
 
 @dataclass(frozen=True)
@@ -230,7 +233,7 @@ class DecoderSession:
         # Decode writes `[rows, 1, V]`, verify `[1, width, V]`, prefill `[1, chunk, V]`: one buffer covers all.
         positions = max(max_rows, max_width, max_chunk)
         self._logits = np.empty(positions * vocab_size, dtype=np.float32)
-        self._ids = np.zeros(positions, dtype=np.int64)
+        self._ids = np.zeros(max(positions, max_rows * max_chunk), dtype=np.int64)
         self._mask = np.zeros(max_rows * (max_context + 1), dtype=np.int64)
         self._positions = np.arange(max_context + 1, dtype=np.int64)
         self._pointers = (self._logits.ctypes.data, self._ids.ctypes.data, self._mask.ctypes.data)
@@ -239,6 +242,10 @@ class DecoderSession:
         """Run prompts through `session` from now on (a prefill graph whose build finished after start-up)."""
         self._prefill_session = session
         self._prefill_rows = _logits_rows(session, self._io.logits)
+        key, value = ROW_LAST_POSITIONS
+        self.prefills_prompts_together = (
+            self._prefill_rows == 1 and session.get_modelmeta().custom_metadata_map.get(key) == value
+        )
 
     def warm_up(self) -> None:
         """One token through each graph in pool row 0 (free at start-up; later prompts overwrite it).
@@ -265,6 +272,24 @@ class DecoderSession:
         self._mask[: past + count] = 1
         rows = self._prefill_rows or count
         logits = self._run(self._prefill_session, slot, slot + 1, (1, count), (1, past + count), rows)
+        return logits.reshape(rows, self._vocab_size)
+
+    def prefill_prompts(self, first_slot: int, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        """The first chunks of several prompts, in pool rows `first_slot..`, right-padded into one run.
+
+        Returns each row's logits at its own last position, `[rows, vocab]`. Needs `prefills_prompts_together`.
+        A row's KV and logits are those it gets alone (one GEMM over more rows); the padding positions
+        write KV past the row's length, which its mask hides until later tokens overwrite it.
+        """
+        rows, width = len(prompts), max(len(p) for p in prompts)
+        ids = self._ids[: rows * width].reshape(rows, width)
+        ids[:] = 0
+        for row, prompt in enumerate(prompts):
+            ids[row, : len(prompt)] = prompt
+        lengths = np.array([len(p) for p in prompts], dtype=np.int64)
+        mask = self._mask[: rows * width].reshape(rows, width)
+        np.less(self._positions[:width], lengths[:, None], out=mask, casting="unsafe")
+        logits = self._run(self._prefill_session, first_slot, first_slot + rows, (rows, width), (rows, width), 1)
         return logits.reshape(rows, self._vocab_size)
 
     def decode(self, rows: int, token_ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The prefill graph a CPU bundle carries: fp32 matmuls on the int8 weights, logits of the last position only."""
+"""The prefill graph a CPU bundle carries: fp32 matmuls on the int8 weights, logits of each row's last position."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from onnx import TensorProto, helper
 from packager.export.prefill import PREFILL_DATA_FILE, dequantize_nbits
 from runtime.bundle import Bundle, open_bundle
 from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.kv_cache import KVPool
 from runtime.engine.request import GenerationRequest, SamplingParams
-from runtime.engine.session import PREFILL_MODEL_FILE
+from runtime.engine.session import PREFILL_MODEL_FILE, DecoderSession, SessionOptions, create_session
 from runtime.engine.tokenizer import Tokenizer
 from tests.engine.conftest import chat_ids
 
@@ -168,3 +169,64 @@ def test_an_idle_engine_switches_to_the_prefill_graph_once_it_is_built(bundle: B
         assert engine.stats().steps == 0
     finally:
         engine.shutdown()
+
+
+@pytest.mark.real_model
+def test_prompts_prefilled_in_one_run_match_each_prefilled_alone(bundle: Bundle, tokenizer: Tokenizer) -> None:
+    """Right-padded first chunks in one run: every row's KV and last-position logits are bit-for-bit its own."""
+    if PREFILL_MODEL_FILE not in bundle.manifest.files:
+        pytest.skip("the test bundle was built without a prefill graph")
+    facts = bundle.manifest.model
+    pool = KVPool(facts, slots=3, max_context=64)
+    options = SessionOptions()
+    decoder = DecoderSession(
+        create_session(bundle.model_path, options), facts.io, facts.num_layers, pool.tensors, facts.vocab_size,
+        max_rows=3, max_chunk=64, prefill_session=create_session(bundle.path / PREFILL_MODEL_FILE, options),
+    )  # fmt: skip
+    assert decoder.prefills_prompts_together
+    prompts = [chat_ids(tokenizer, q) for q in ("hi", "Name a large river.", "Tell me a fun fact about octopuses.")]
+    assert len({len(p) for p in prompts}) == 3  # ragged: the shorter rows are padded
+    together = decoder.prefill_prompts(0, prompts).copy()
+    kv_together = [tensor.copy() for tensor in pool.tensors]
+    for row, prompt in enumerate(prompts):
+        alone = decoder.prefill(0, prompt, 0)
+        assert alone.shape == (1, facts.vocab_size)
+        assert np.array_equal(alone[0], together[row])
+        for tensor, before in zip(pool.tensors, kv_together, strict=True):
+            assert np.array_equal(tensor[0, :, : len(prompt)], before[row, :, : len(prompt)])
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("mode", ["latency", "throughput"])
+def test_prompts_admitted_together_share_prefill_runs_and_keep_their_tokens(
+    mode: str, bundle: Bundle, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if PREFILL_MODEL_FILE not in bundle.manifest.files:
+        pytest.skip("the test bundle was built without a prefill graph")
+    runs: list[int] = []
+    prefill_prompts = DecoderSession.prefill_prompts
+
+    def counted(self: DecoderSession, first_slot: int, prompts: list[tuple[int, ...]]) -> np.ndarray:
+        runs.append(len(prompts))
+        return prefill_prompts(self, first_slot, prompts)
+
+    monkeypatch.setattr(DecoderSession, "prefill_prompts", counted)
+    # Plain text of similar lengths and no prefix cache: every prompt starts at position 0.
+    texts = ["The capital city of Spain is", "The tallest mountain on Earth is", "Octopuses have three hearts and"]
+    prompts = [tuple(tokenizer.encode(text)) for text in texts]
+    sampling = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    config = EngineConfig(max_batch=4, max_context=128, prefill_chunk=256, prefix_cache_bytes=0, decode=mode)  # type: ignore[arg-type]
+    engine = Engine(bundle, config)
+    try:
+        # Submitted before the loop runs, so all three are admitted in its first step.
+        streams = [engine.submit(GenerationRequest(f"together-{i}", p, sampling)) for i, p in enumerate(prompts)]
+        engine.start()
+        together = [tuple(t for out in stream for t in out.token_ids) for stream in streams]
+        batched = list(runs)
+        alone = [
+            engine.generate(GenerationRequest(f"alone-{i}", p, sampling))[0].token_ids for i, p in enumerate(prompts)
+        ]
+    finally:
+        engine.shutdown()
+    assert batched == [3] and runs == [3]  # one run for the three prompts, none for a prompt alone
+    assert together == [tuple(a) for a in alone]
