@@ -10,13 +10,14 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import onnxruntime as ort
 import pytest
 
 from runtime.bundle import Bundle
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.prepacked import META_FILE, PrepackedGraphs, bundle_graphs, data_file
 from runtime.engine.request import GenerationRequest, SamplingParams
-from runtime.engine.session import PREFILL_MODEL_FILE
+from runtime.engine.session import PREFILL_MODEL_FILE, ROW_LAST_POSITIONS
 from runtime.engine.tokenizer import Tokenizer
 from tests.engine.conftest import chat_ids
 
@@ -63,6 +64,10 @@ def test_both_graphs_are_written_with_a_record_of_where_they_are_valid(
         assert prepacked.problem(bundle, name) is None
         assert prepacked.graph_for(bundle, bundle.path / name) == prepacked.directory / name
     assert not prepacked.directory.with_name("prepacked.partial").exists()
+    # The copy keeps the graph's metadata, so prompts still share prefill runs (engine/runner.py).
+    copy = ort.InferenceSession(str(prepacked.directory / PREFILL_MODEL_FILE), providers=["CPUExecutionProvider"])
+    key, value = ROW_LAST_POSITIONS
+    assert copy.get_modelmeta().custom_metadata_map.get(key) == value
 
 
 def test_a_session_on_the_prepacked_graph_maps_its_weights_instead_of_packing_them(
