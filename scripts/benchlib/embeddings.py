@@ -22,8 +22,10 @@ turns it into the results.md section).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -116,6 +118,7 @@ def _load(system: str, model: Path, bundle: Path, threads: int) -> Any:
     assert manifest.encoder is not None
     # The candidate graph beside the bundle's tokenizer, under the bundle's facts (same inputs and outputs).
     staged = Path(tempfile.mkdtemp(prefix="bench-embed-"))
+    atexit.register(shutil.rmtree, staged, ignore_errors=True)  # the worker exits once its stdin closes
     (staged / "model.onnx").symlink_to(model)
     (staged / manifest.tokenizer_file).symlink_to(bundle / manifest.tokenizer_file)
     engine = EncoderEngine(Bundle(staged, replace(manifest, model_file="model.onnx")), EncoderConfig(threads=threads))
