@@ -44,14 +44,14 @@ class ModelRunner:
         return results
 
     def _prefill(self, batch: list[PrefillChunk]) -> list[tuple[SequenceState, TokenChoice]]:
-        leaders = [chunk.group.sequences[0] for chunk in batch]
+        first_slot = batch[0].group.sequences[0].slot
         if len(batch) == 1:
             (chunk,) = batch
             prompt = chunk.group.request.prompt_token_ids
-            logits = self._session.prefill(leaders[0].slot, prompt[chunk.start : chunk.stop], chunk.start)[-1:]
+            logits = self._session.prefill(first_slot, prompt[chunk.start : chunk.stop], chunk.start)[-1:]
         else:
             prompts = [chunk.group.request.prompt_token_ids[: chunk.stop] for chunk in batch]
-            logits = self._session.prefill_prompts(leaders[0].slot, prompts)
+            logits = self._session.prefill_prompts(first_slot, prompts)
         results: list[tuple[SequenceState, TokenChoice]] = []
         for row, chunk in enumerate(batch):
             results.extend(self._prefilled(chunk, logits[row : row + 1]))

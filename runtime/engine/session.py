@@ -286,9 +286,7 @@ class DecoderSession:
         ids[:] = 0
         for row, prompt in enumerate(prompts):
             ids[row, : len(prompt)] = prompt
-        lengths = np.array([len(p) for p in prompts], dtype=np.int64)
-        mask = self._mask[: rows * width].reshape(rows, width)
-        np.less(self._positions[:width], lengths[:, None], out=mask, casting="unsafe")
+        self._stage_mask(np.array([len(p) for p in prompts], dtype=np.int64), width)
         logits = self._run(self._prefill_session, first_slot, first_slot + rows, (rows, width), (rows, width), 1)
         return logits.reshape(rows, self._vocab_size)
 
@@ -300,9 +298,13 @@ class DecoderSession:
         """
         width = int(lengths.max())
         self._ids[:rows] = token_ids
-        mask = self._mask[: rows * width].reshape(rows, width)
-        np.less(self._positions[:width], lengths[:, None], out=mask, casting="unsafe")
+        self._stage_mask(lengths, width)
         return self._run(self._session, 0, rows, (rows, 1), (rows, width), 1).reshape(rows, self._vocab_size)
+
+    def _stage_mask(self, lengths: np.ndarray, width: int) -> None:
+        """The attention mask `[rows, width]`, right-padded: row i holds ones up to `lengths[i]`."""
+        mask = self._mask[: len(lengths) * width].reshape(len(lengths), width)
+        np.less(self._positions[:width], lengths[:, None], out=mask, casting="unsafe")
 
     def verify(self, token_ids: Sequence[int], past: int) -> np.ndarray:
         """The decode graph on `token_ids` at positions `past..` of pool row 0; returns logits `[len, vocab]`.
