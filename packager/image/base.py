@@ -40,7 +40,7 @@ BASE_VERSION = 1  # bump when trimming or layout changes, to rebuild cached laye
 # huggingface_hub serves `from_pretrained`. The image test proves the closure: it serves a chat.
 RUNTIME_DISTRIBUTIONS = (
     "onnxruntime", "numpy", "tokenizers", "jinja2", "markupsafe", "starlette", "anyio", "idna",
-    "typing_extensions", "uvicorn", "click", "h11", "msgpack", "prometheus_client",
+    "typing_extensions", "uvicorn", "click", "h11", "httptools", "msgpack", "prometheus_client",
     # The queue worker and the Lambda handler (runtime/events) talk to SQS and S3.
     "boto3", "botocore", "s3transfer", "jmespath", "python_dateutil", "six", "urllib3",
 )  # fmt: skip

@@ -157,7 +157,12 @@ def run(args: argparse.Namespace) -> int:
         settings, loading.result, on_load_failure=stop_server, sagemaker=args.sagemaker, task=manifest.task
     )
     signal.signal(signal.SIGUSR1, lambda signum, frame: _resumed_from_process_snapshot(args, app, stop_server))
-    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on")
+    # httptools parses and frames HTTP in C: 8 streams over HTTP on 2 cores +9 %, 8 % less server CPU than
+    # uvicorn's pure-Python h11 (measured here; uvloop gave the same gain, not more). asyncio's loop, not
+    # uvloop: libuv >= 1.50 keeps an io_uring, which CRIU cannot dump (the local target's process snapshot).
+    config = uvicorn.Config(
+        app, loop="asyncio", http="httptools", log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on"
+    )
     server = uvicorn.Server(config)
     logging.getLogger("uvicorn.access").addFilter(_skip_probes)
     server.run(sockets=[listener])
