@@ -82,7 +82,12 @@ def render_decode(results: dict[str, Any]) -> str:
         f"## Decode, batch 1 ({decode['prompt_tokens']}-token prompt, {decode['new_tokens']} new tokens, greedy)\n\n"
     )
     header = ["system", "decode tok/s", "onnxfn x", "verdict", "TTFT ms", "limit tok/s", "of limit"]
-    return title + table([*header, "first 16 tokens = onnxfn's"], rows)
+    spread = round_ratios(systems, "tok_s")
+    return (
+        title
+        + table([*header, "first 16 tokens = onnxfn's"], rows)
+        + (f"\n{ROUNDS_NOTE}\n\n{spread}\n" if spread else "")
+    )
 
 
 def render_prefill(results: dict[str, Any]) -> str:
@@ -119,7 +124,34 @@ def render_concurrency(results: dict[str, Any]) -> str:
                 ms(entry["ttft_p99_s"]), ms(entry["tpot_p50_s"]), ms(entry["tpot_p99_s"]),
             ])  # fmt: skip
     header = ["streams", "system", "aggregate tok/s", "onnxfn x", "verdict", "TTFT p50 ms", "TTFT p99 ms"]
-    return out + table([*header, "TPOT p50 ms", "TPOT p99 ms"], rows) + render_variant_ratios(conc)
+    spreads = [
+        f"- {level} stream{'s' if level > 1 else ''}: {spread}"
+        for level in conc["levels"]
+        if (spread := round_ratios(conc["systems_by_level"][str(level)], "aggregate_tok_s"))
+    ]
+    rounds = f"\n{ROUNDS_NOTE}\n\n" + "\n".join(spreads) + "\n" if spreads else ""
+    return out + table([*header, "TPOT p50 ms", "TPOT p99 ms"], rows) + rounds + render_variant_ratios(conc)
+
+
+ROUNDS_NOTE = (
+    "`onnxfn x` round by round (each round runs every system once, so a pair shares the host's state of that "
+    "minute), lowest and highest:"
+)
+
+
+def round_ratios(systems: dict[str, dict[str, Any]], key: str) -> str:
+    """Each peer's `onnxfn x` per round, from the samples both kept (the table's ratio is of the medians):
+    how far the host's noise moves a ratio within one run."""
+    spans = []
+    for name, entry in systems.items():
+        base = systems.get(baseline_of(name), {})
+        if name == baseline_of(name) or name in VARIANTS or "samples" not in entry or "samples" not in base:
+            continue
+        pairs = zip(base["samples"], entry["samples"], strict=False)
+        ratios = sorted(mine[key] / peer[key] for mine, peer in pairs if mine[key] and peer[key])
+        if ratios:
+            spans.append(f"{name} {ratios[0]:.2f} to {ratios[-1]:.2f}")
+    return ", ".join(spans)
 
 
 def render_variant_ratios(conc: dict[str, Any]) -> str:

@@ -108,3 +108,20 @@ def test_the_process_snapshot_row_is_compared_with_every_start_not_judged_agains
     assert "| 300 |" in row
     assert "against each (their time / its time; above 1.00 it starts sooner): onnxfn 3.33x, onnxfn-http 4.00x, " \
         "llamacpp 3.00x" in text  # fmt: skip
+
+
+def test_round_ratios_pair_each_round_with_the_right_baseline() -> None:
+    def samples(*rates: float) -> dict:
+        return {"samples": [{"tok_s": r} for r in rates]}
+
+    systems = {
+        "onnxfn": samples(100.0, 90.0, 120.0),
+        "onnxfn-http": samples(80.0, 80.0, 80.0),
+        "onnxfn-http-throughput": samples(40.0, 40.0, 40.0),
+        "genai": samples(125.0, 90.0, 100.0),  # round by round: 0.80, 1.00, 1.20
+        "llamacpp-server": samples(40.0, 20.0, 80.0),  # against onnxfn-http: 2.00, 4.00, 1.00
+        "transformers": {"error": "failed to start"},
+    }
+    assert report.round_ratios(systems, "tok_s") == "genai 0.80 to 1.20, llamacpp-server 1.00 to 4.00"
+    text = report.render_decode(decode_results(onnxfn_tok_s=100.0, genai_tok_s=125.0))
+    assert "round by round" not in text  # no samples kept: no line
