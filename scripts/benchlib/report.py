@@ -83,11 +83,7 @@ def render_decode(results: dict[str, Any]) -> str:
     )
     header = ["system", "decode tok/s", "onnxfn x", "verdict", "TTFT ms", "limit tok/s", "of limit"]
     spread = round_ratios(systems, "tok_s")
-    return (
-        title
-        + table([*header, "first 16 tokens = onnxfn's"], rows)
-        + (f"\n{ROUNDS_NOTE}\n\n{spread}\n" if spread else "")
-    )
+    return title + table([*header, "first 16 tokens = onnxfn's"], rows) + render_rounds([spread] if spread else [])
 
 
 def render_prefill(results: dict[str, Any]) -> str:
@@ -129,14 +125,23 @@ def render_concurrency(results: dict[str, Any]) -> str:
         for level in conc["levels"]
         if (spread := round_ratios(conc["systems_by_level"][str(level)], "aggregate_tok_s"))
     ]
-    rounds = f"\n{ROUNDS_NOTE}\n\n" + "\n".join(spreads) + "\n" if spreads else ""
-    return out + table([*header, "TPOT p50 ms", "TPOT p99 ms"], rows) + rounds + render_variant_ratios(conc)
+    return (
+        out
+        + table([*header, "TPOT p50 ms", "TPOT p99 ms"], rows)
+        + render_rounds(spreads)
+        + render_variant_ratios(conc)
+    )
 
 
-ROUNDS_NOTE = (
-    "`onnxfn x` round by round (each round runs every system once, so a pair shares the host's state of that "
-    "minute), lowest and highest:"
-)
+def render_rounds(lines: list[str]) -> str:
+    """The `round_ratios` lines of a section under their explanation; nothing when no samples were kept."""
+    if not lines:
+        return ""
+    note = (
+        "`onnxfn x` round by round (each round runs every system once, so a pair shares the host's state of "
+        "that minute), lowest and highest:"
+    )
+    return f"\n{note}\n\n" + "\n".join(lines) + "\n"
 
 
 def round_ratios(systems: dict[str, dict[str, Any]], key: str) -> str:
