@@ -71,29 +71,37 @@ class SoakReport:
 
 async def _client(server: LiveServer, rng: random.Random, deadline: float, report: SoakReport) -> None:
     limits = httpx.Limits(max_connections=1)
-    async with httpx.AsyncClient(base_url=server.url, headers=server.auth, timeout=120, limits=limits) as client:
-        while time.monotonic() < deadline:
-            path, body = random_body(rng, server.model, max_tokens=rng.randint(8, 48))
-            roll = rng.random()
-            disconnect_after = rng.randint(1, 6) if roll < 0.15 else None
-            request = stream_once(
-                client, path, body, msgpack_wire=rng.random() < 0.3, disconnect_after=disconnect_after
-            )
-            try:
-                if roll > 0.85:  # cancel at a random moment: before the headers, mid-prefill or mid-stream
-                    outcome = await asyncio.wait_for(request, timeout=rng.uniform(0.01, 2.0))
-                else:
-                    outcome = await request
-            except TimeoutError:
-                report.cancelled += 1
-                continue
-            except (httpx.HTTPError, ValueError) as exc:
-                outcome = Outcome("error", f"{type(exc).__name__}: {exc}")
-            report.outcomes[outcome.kind] += 1
-            if outcome.kind == "error":
-                report.errors.append(f"{path}: {outcome.detail}")
-            elif outcome.kind == "rejected":
-                await asyncio.sleep(float(outcome.retry_after or 1) * rng.uniform(0.5, 1.0))
+    while time.monotonic() < deadline:
+        # A fresh connection pool after each cancellation: httpcore 1.0.9 can leave a request cancelled while
+        # its connection opens holding the pool's only slot for good (encode/httpcore#1093), and the client's
+        # next request would end in a PoolTimeout that says nothing about the server.
+        async with httpx.AsyncClient(base_url=server.url, headers=server.auth, timeout=120, limits=limits) as client:
+            await _requests_until_cancelled(client, server, rng, deadline, report)
+
+
+async def _requests_until_cancelled(
+    client: httpx.AsyncClient, server: LiveServer, rng: random.Random, deadline: float, report: SoakReport
+) -> None:
+    while time.monotonic() < deadline:
+        path, body = random_body(rng, server.model, max_tokens=rng.randint(8, 48))
+        roll = rng.random()
+        disconnect_after = rng.randint(1, 6) if roll < 0.15 else None
+        request = stream_once(client, path, body, msgpack_wire=rng.random() < 0.3, disconnect_after=disconnect_after)
+        try:
+            if roll > 0.85:  # cancel at a random moment: before the headers, mid-prefill or mid-stream
+                outcome = await asyncio.wait_for(request, timeout=rng.uniform(0.01, 2.0))
+            else:
+                outcome = await request
+        except TimeoutError:
+            report.cancelled += 1
+            return
+        except (httpx.HTTPError, ValueError) as exc:
+            outcome = Outcome("error", f"{type(exc).__name__}: {exc}")
+        report.outcomes[outcome.kind] += 1
+        if outcome.kind == "error":
+            report.errors.append(f"{path}: {outcome.detail}")
+        elif outcome.kind == "rejected":
+            await asyncio.sleep(float(outcome.retry_after or 1) * rng.uniform(0.5, 1.0))
 
 
 async def _sample_rss(server: LiveServer, deadline: float, report: SoakReport) -> None:
