@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from benchlib import embeddings
+from benchlib.stats import median
 from benchlib.systems import PROCESS_SNAPSHOT, SERVERS, VARIANTS
 
 BUSY_SHARE = 0.05  # other processes' share of CPU time above which the report warns
@@ -139,14 +140,15 @@ def render_rounds(lines: list[str]) -> str:
         return ""
     note = (
         "`onnxfn x` round by round (each round runs every system once, so a pair shares the host's state of "
-        "that minute), lowest and highest:"
+        "that minute), lowest to highest, and their median:"
     )
     return f"\n{note}\n\n" + "\n".join(lines) + "\n"
 
 
 def round_ratios(systems: dict[str, dict[str, Any]], key: str) -> str:
     """Each peer's `onnxfn x` per round, from the samples both kept (the table's ratio is of the medians):
-    how far the host's noise moves a ratio within one run."""
+    how far the host's noise moves a ratio within one run. The median of these paired ratios is the
+    estimate a drift of the host over the run moves least."""
     spans = []
     for name, entry in systems.items():
         base = systems.get(baseline_of(name), {})
@@ -155,7 +157,7 @@ def round_ratios(systems: dict[str, dict[str, Any]], key: str) -> str:
         pairs = zip(base["samples"], entry["samples"], strict=False)
         ratios = sorted(mine[key] / peer[key] for mine, peer in pairs if mine[key] and peer[key])
         if ratios:
-            spans.append(f"{name} {ratios[0]:.2f} to {ratios[-1]:.2f}")
+            spans.append(f"{name} {ratios[0]:.2f} to {ratios[-1]:.2f} (median {median(ratios):.2f})")
     return ", ".join(spans)
 
 

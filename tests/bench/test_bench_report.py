@@ -122,6 +122,8 @@ def test_round_ratios_pair_each_round_with_the_right_baseline() -> None:
         "llamacpp-server": samples(40.0, 20.0, 80.0),  # against onnxfn-http: 2.00, 4.00, 1.00
         "transformers": {"error": "failed to start"},
     }
-    assert report.round_ratios(systems, "tok_s") == "genai 0.80 to 1.20, llamacpp-server 1.00 to 4.00"
+    assert report.round_ratios(systems, "tok_s") == (
+        "genai 0.80 to 1.20 (median 1.00), llamacpp-server 1.00 to 4.00 (median 2.00)"
+    )
     text = report.render_decode(decode_results(onnxfn_tok_s=100.0, genai_tok_s=125.0))
     assert "round by round" not in text  # no samples kept: no line
