@@ -9,11 +9,11 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.decoders import DecodeStream
 
 from runtime.engine.request import InvalidRequestError
 
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
-_REPLACEMENT = "\ufffd"
 
 
 def _raise_exception(message: str) -> None:
@@ -45,6 +45,11 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         # Special tokens written in the text (the chat template's markers) map to their ids.
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    @property
+    def hf(self) -> HFTokenizer:
+        """The `tokenizers` tokenizer underneath."""
+        return self._tok
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
@@ -102,33 +107,28 @@ def _content_text(content: Any, where: str) -> str:
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas, never splitting a UTF-8 character.
 
-    The prefix/read-offset technique (vLLM, TGI): decode a small window of tokens before and after
-    the read offset and emit only what the new tokens added, once it no longer ends in U+FFFD
-    (the mark of an unfinished byte sequence).
+    `tokenizers`' `DecodeStream` does the work in one native call per token (the prefix/read-offset
+    technique of vLLM and TGI). It returns nothing while the text ends in an unfinished character;
+    those tokens are kept here so the end of a sequence can flush them.
     """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
-        self._ids: list[int] = []
-        self._prefix_offset = 0
-        self._read_offset = 0
+        self._stream = DecodeStream(skip_special_tokens=True)
+        self._held: list[int] = []
 
     def push(self, token_id: int) -> str:
-        self._ids.append(token_id)
-        return self._delta(final=False)
+        text = self._stream.step(self._tokenizer.hf, token_id)
+        if text is None:
+            self._held.append(token_id)
+            return ""
+        self._held.clear()
+        return text
 
     def flush(self) -> str:
         """The text still held back at the end of the sequence (an unfinished character decodes as U+FFFD)."""
-        return self._delta(final=True)
-
-    def _delta(self, final: bool) -> str:
-        prefix = self._tokenizer.decode(self._ids[self._prefix_offset : self._read_offset])
-        full = self._tokenizer.decode(self._ids[self._prefix_offset :])
-        if len(full) <= len(prefix) or (full.endswith(_REPLACEMENT) and not final):
-            return ""
-        self._prefix_offset = self._read_offset
-        self._read_offset = len(self._ids)
-        return full[len(prefix) :]
+        held, self._held = self._held, []
+        return self._tokenizer.decode(held) if held else ""
 
 
 class StopStringFilter:
