@@ -31,6 +31,9 @@ class ModelRunner:
         self._pool = pool
         self._prefix_cache = prefix_cache
         self._drafter = drafter
+        # A decode step's inputs, one entry per pool row; every row below the batch's last is rewritten each step.
+        self._input_ids = np.zeros(pool.slots, dtype=np.int64)
+        self._lengths = np.ones(pool.slots, dtype=np.int64)
         # Off while prompts run through a stand-in graph: a later cache hit must equal a miss.
         self.store_prompts = True
 
@@ -91,13 +94,14 @@ class ModelRunner:
             draft = self._drafter.propose(seq, self._pool.max_context - seq.num_computed)
             if draft is not None:
                 return self._verify(seq, draft)
-        input_ids = np.zeros(rows, dtype=np.int64)
-        lengths = np.ones(rows, dtype=np.int64)
+        input_ids, lengths = self._input_ids[:rows], self._lengths[:rows]
         for seq in work.passengers:
+            input_ids[seq.slot] = 0
+            lengths[seq.slot] = seq.num_computed + 1
+        for seq in work.decode:
+            input_ids[seq.slot] = seq.next_token
             lengths[seq.slot] = seq.num_computed + 1
         slots = [seq.slot for seq in work.decode]
-        input_ids[slots] = [seq.next_token for seq in work.decode]
-        lengths[slots] = [seq.num_computed + 1 for seq in work.decode]
         logits = self._session.decode(rows, input_ids, lengths)
         if len(slots) != rows or slots != sorted(slots):
             logits = logits[slots]

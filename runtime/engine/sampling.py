@@ -50,6 +50,8 @@ class SequenceSampler:
             params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
         )
         self.processed = self.penalized or bool(params.logit_bias)
+        # The row's token is its logits' argmax and nothing else is asked of it: the common case, kept lean.
+        self.plain_greedy = self.greedy and not (self.processed or params.logprobs or constraint is not None)
         self._prompt = np.unique(np.asarray(prompt_token_ids, dtype=np.int64)) if self.penalized else None
         self._bias_ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64, count=len(params.logit_bias))
         self._bias = np.fromiter(params.logit_bias.values(), dtype=np.float32, count=len(params.logit_bias))
@@ -71,6 +73,8 @@ class TokenChoice:
 
 def sample(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> list[TokenChoice]:
     """Pick one token per row of `logits` (`[rows, vocab]`, modified in place)."""
+    if all(s.plain_greedy for s in samplers):
+        return [TokenChoice(token) for token in logits.argmax(axis=1).tolist()]
     want_logprobs = [i for i, s in enumerate(samplers) if s.params.logprobs]
     raw_logprobs = _log_softmax(logits[want_logprobs]) if want_logprobs else None
     constrained = [(row, s.constraint) for row, s in enumerate(samplers) if s.constraint is not None]
