@@ -230,7 +230,7 @@ class DecoderSession:
         layers = range(num_layers)
         self._past_names = [io.past_key % i for i in layers] + [io.past_value % i for i in layers]
         self._present_names = [io.present_key % i for i in layers] + [io.present_value % i for i in layers]
-        self._bindings: dict[tuple[int, int, int], ort.IOBinding] = {}
+        self._bindings: dict[tuple[int, int, int], tuple[ort.IOBinding, dict[str, tuple[int, ...]]]] = {}
         max_context = self._cache[0].shape[2]
         self._vocab_size = vocab_size
         # Decode writes `[rows, 1, V]`, verify `[1, width, V]`, prefill `[1, chunk, V]`: one buffer covers all.
@@ -340,24 +340,28 @@ class DecoderSession:
     ) -> np.ndarray:
         """Run `session` on pool rows `start:stop`; logits come back for the last `positions` of each row."""
         logits_ptr, ids_ptr, ones_ptr, staged_ptr = self._pointers
-        mask_ptr = ones_ptr if mask_shape[0] == 1 else staged_ptr
-        binding, shapes = self._binding(session, start, stop)
+        io = self._io
+        binding, bound = self._binding(session, start, stop)
         # The buffers never move and a mask's row count picks its buffer, so an input whose shape is
         # unchanged stays bound: each bind call costs ~15 us right after a forward pass flushed the caches.
-        if shapes[0] != ids_shape:
-            binding.bind_input(self._io.input_ids, "cpu", 0, np.int64, ids_shape, ids_ptr)
-            shapes[0] = ids_shape
-        if shapes[1] != mask_shape:
-            binding.bind_input(self._io.attention_mask, "cpu", 0, np.int64, mask_shape, mask_ptr)
-            shapes[1] = mask_shape
-        if shapes[2] != positions:
-            logits_shape = (ids_shape[0], positions, self._vocab_size)
-            binding.bind_output(self._io.logits, "cpu", 0, np.float32, logits_shape, logits_ptr)
-            shapes[2] = positions
+        if bound.get(io.input_ids) != ids_shape:
+            binding.bind_input(io.input_ids, "cpu", 0, np.int64, ids_shape, ids_ptr)
+            bound[io.input_ids] = ids_shape
+        if bound.get(io.attention_mask) != mask_shape:
+            mask_ptr = ones_ptr if mask_shape[0] == 1 else staged_ptr
+            binding.bind_input(io.attention_mask, "cpu", 0, np.int64, mask_shape, mask_ptr)
+            bound[io.attention_mask] = mask_shape
+        logits_shape = (ids_shape[0], positions, self._vocab_size)
+        if bound.get(io.logits) != logits_shape:
+            binding.bind_output(io.logits, "cpu", 0, np.float32, logits_shape, logits_ptr)
+            bound[io.logits] = logits_shape
         session.run_with_iobinding(binding)
         return self._logits[: ids_shape[0] * positions * self._vocab_size]
 
-    def _binding(self, session: ort.InferenceSession, start: int, stop: int) -> tuple[ort.IOBinding, list[object]]:
+    def _binding(
+        self, session: ort.InferenceSession, start: int, stop: int
+    ) -> tuple[ort.IOBinding, dict[str, tuple[int, ...]]]:
+        """The binding over pool rows `start:stop`, with the shape each of its inputs and outputs is bound at."""
         key = (0 if session is self._session else 1, start, stop)
         entry = self._bindings.get(key)
         if entry is None:
@@ -366,7 +370,7 @@ class DecoderSession:
                 view = ort.OrtValue.ortvalue_from_numpy(tensor[start:stop])
                 binding.bind_ortvalue_input(past, view)
                 binding.bind_ortvalue_output(present, view)
-            entry = self._bindings[key] = (binding, [None, None, None])
+            entry = self._bindings[key] = (binding, {})
         return entry
 
 
