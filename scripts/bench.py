@@ -3,6 +3,7 @@
     .venv/bin/python scripts/bench.py            # the full run (~15 min on 2 cores)
     .venv/bin/python scripts/bench.py --quick    # a smoke run (~3 min)
     .venv/bin/python scripts/bench.py --sections decode,cold
+    .venv/bin/python scripts/bench.py --sections decode --systems onnxfn,genai --rounds 30 --out bench/batch1
 
 Writes bench/results.md and bench/results.json. The method is /work/shared/BENCHMARKS.md: same prompt
 tokens, same new-token count (EOS ignored), same threads, warm-up excluded, interleaved rounds, medians.
@@ -12,6 +13,7 @@ Install the peers first: scripts/setup_bench.sh.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -65,10 +67,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     parser.add_argument("--systems", default=",".join(REGISTRY), help=f"comma-separated subset of {tuple(REGISTRY)}")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads for every system")
+    parser.add_argument(
+        "--rounds", type=int, help="interleaved rounds per figure (default 5, --quick 2); more narrow the intervals"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench", help="where results.md and results.json go")
     args = parser.parse_args(argv)
     args.sections = _subset(parser, args.sections, SECTIONS, "--sections")
     args.systems = _subset(parser, args.systems, tuple(REGISTRY), "--systems")
+    if args.rounds is not None and args.rounds < 2:
+        parser.error(f"--rounds: {args.rounds} cannot pair rounds; give 2 or more (BENCHMARKS.md asks for 5 or more)")
     return args
 
 
@@ -154,6 +161,8 @@ def start_workers(configs: list[SystemConfig], log_dir: Path, errors: dict[str, 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = QUICK if args.quick else FULL
+    if args.rounds is not None:
+        plan = dataclasses.replace(plan, repetitions=args.rounds)
     started = time.monotonic()
     contention = machine.ContentionMeter()
     # As `pkg deploy` and `pkg bench cold` do before starting a server: measure the product's start, not
@@ -238,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     if "cold" in args.sections:
         progress(started, "cold start")
         text = prompts.take(plan.decode_prompt).text
-        reps = 3 if args.quick else plan.repetitions
+        reps = 3 if args.quick and args.rounds is None else plan.repetitions
         warm = coldstart.measure_cold(configs, text, reps, drop_cache=False)
         http = next((c for c in configs if c.system == "onnxfn-http"), None)
         if http is not None:  # the `local` target's resumed server, beside the fresh starts

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from benchlib import embeddings
-from benchlib.stats import median
+from benchlib.stats import median, median_interval
 from benchlib.systems import PROCESS_SNAPSHOT, SERVERS, VARIANTS
 
 BUSY_SHARE = 0.05  # other processes' share of CPU time above which the report warns
@@ -140,7 +140,8 @@ def render_rounds(lines: list[str]) -> str:
         return ""
     note = (
         "`onnxfn x` round by round (each round runs every system once, so a pair shares the host's state of "
-        "that minute), lowest to highest, and their median:"
+        "that minute), lowest to highest, their median, and a bootstrap 95 % interval of that median "
+        "(an interval holding 1.00 is a tie this run cannot break; `--rounds` narrows it):"
     )
     return f"\n{note}\n\n" + "\n".join(lines) + "\n"
 
@@ -148,7 +149,7 @@ def render_rounds(lines: list[str]) -> str:
 def round_ratios(systems: dict[str, dict[str, Any]], key: str) -> str:
     """Each peer's `onnxfn x` per round, from the samples both kept (the table's ratio is of the medians):
     how far the host's noise moves a ratio within one run. The median of these paired ratios is the
-    estimate a drift of the host over the run moves least."""
+    estimate a drift of the host over the run moves least; its bootstrap interval says how sure it is."""
     spans = []
     for name, entry in systems.items():
         base = systems.get(baseline_of(name), {})
@@ -157,7 +158,9 @@ def round_ratios(systems: dict[str, dict[str, Any]], key: str) -> str:
         pairs = zip(base["samples"], entry["samples"], strict=False)
         ratios = sorted(mine[key] / peer[key] for mine, peer in pairs if mine[key] and peer[key])
         if ratios:
-            spans.append(f"{name} {ratios[0]:.2f} to {ratios[-1]:.2f} (median {median(ratios):.2f})")
+            low, high = median_interval(ratios)
+            middle = f"median {median(ratios):.2f}, 95 % interval {low:.2f}-{high:.2f}"
+            spans.append(f"{name} {ratios[0]:.2f} to {ratios[-1]:.2f} ({middle})")
     return ", ".join(spans)
 
 

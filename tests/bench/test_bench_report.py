@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 from benchlib import report
 from benchlib.sections import decode_rate
-from benchlib.stats import percentile
+from benchlib.stats import median_interval, percentile
 
 
 def test_percentile_interpolates_between_order_statistics() -> None:
@@ -123,7 +123,20 @@ def test_round_ratios_pair_each_round_with_the_right_baseline() -> None:
         "transformers": {"error": "failed to start"},
     }
     assert report.round_ratios(systems, "tok_s") == (
-        "genai 0.80 to 1.20 (median 1.00), llamacpp-server 1.00 to 4.00 (median 2.00)"
+        "genai 0.80 to 1.20 (median 1.00, 95 % interval 0.80-1.20), "
+        "llamacpp-server 1.00 to 4.00 (median 2.00, 95 % interval 1.00-4.00)"
     )
     text = report.render_decode(decode_results(onnxfn_tok_s=100.0, genai_tok_s=125.0))
     assert "round by round" not in text  # no samples kept: no line
+
+
+def test_the_median_interval_narrows_with_rounds_and_repeats_itself() -> None:
+    few = [0.95, 1.04, 0.99, 1.06, 1.01]
+    many = few * 6  # the same spread, six times the rounds
+    low_few, high_few = median_interval(few)
+    low_many, high_many = median_interval(many)
+    assert low_few <= low_many <= 1.01 <= high_many <= high_few
+    assert high_many - low_many < high_few - low_few
+    assert median_interval(many) == (low_many, high_many)  # seeded: a report renders the same twice
+    # A peer ahead in every round: the interval lies wholly above 1.0.
+    assert median_interval([1.02, 1.03, 1.05, 1.04, 1.06, 1.03, 1.02, 1.04])[0] > 1.0
