@@ -237,16 +237,21 @@ class DecoderSession:
         positions = max(max_rows, max_width, max_chunk)
         self._logits = np.empty(positions * vocab_size, dtype=np.float32)
         self._ids = np.zeros(max(positions, max_rows * max_chunk), dtype=np.int64)
-        # One row attends to every position up to its length: its mask is a prefix of `_ones`, nothing to
-        # stage. Several rows of different lengths get theirs staged in `_mask`.
+        # A prompt or a verify attends to every position up to its length: its mask is a prefix of `_ones`,
+        # nothing to stage. Several decoding rows of different lengths get theirs staged in `_mask`. One
+        # decoding row has `_row_mask`, as wide as the KV buffer (see `decode`).
         self._ones = np.ones(max_context + 1, dtype=np.int64)
         self._mask = np.zeros(max_rows * (max_context + 1), dtype=np.int64)
+        self._row_mask = np.zeros(max_context, dtype=np.int64)
+        self._row_length = 0  # the ones at the start of `_row_mask`
+        self._pads_row_mask = session.get_providers()[0] == "CPUExecutionProvider"
         self._positions = np.arange(max_context + 1, dtype=np.int64)
         self._pointers = (
             self._logits.ctypes.data,
             self._ids.ctypes.data,
             self._ones.ctypes.data,
             self._mask.ctypes.data,
+            self._row_mask.ctypes.data,
         )
 
     def attach_prefill(self, session: ort.InferenceSession) -> None:
@@ -281,7 +286,8 @@ class DecoderSession:
         count = len(token_ids)
         self._ids[:count] = token_ids
         rows = self._prefill_rows or count
-        logits = self._run(self._prefill_session, slot, slot + 1, (1, count), (1, past + count), rows)
+        mask = (1, past + count, self._pointers[2])
+        logits = self._run(self._prefill_session, slot, slot + 1, (1, count), mask, rows)
         return logits.reshape(rows, self._vocab_size)
 
     def prefill_prompts(self, first_slot: int, prompts: Sequence[Sequence[int]]) -> np.ndarray:
@@ -297,20 +303,42 @@ class DecoderSession:
         for row, prompt in enumerate(prompts):
             ids[row, : len(prompt)] = prompt
         self._stage_mask(np.array([len(p) for p in prompts], dtype=np.int64), width)
-        logits = self._run(self._prefill_session, first_slot, first_slot + rows, (rows, width), (rows, width), 1)
+        mask = (rows, width, self._pointers[3])
+        logits = self._run(self._prefill_session, first_slot, first_slot + rows, (rows, width), mask, 1)
         return logits.reshape(rows, self._vocab_size)
 
     def decode(self, rows: int, token_ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """One token per pool row `0..rows-1`; row i attends to its first `lengths[i]` positions.
 
-        The mask is right-padded to the longest row, each row holding ones up to its own length.
+        The mask is right-padded to the longest row, each row holding ones up to its own length. On the CPU
+        a lone row's mask is padded the same way, to the whole KV buffer: the attention reads each row's
+        length from its ones and never looks past it, so the logits are bit for bit those of a mask as wide
+        as the row (tests/engine/test_session.py), and a shape that never changes stays bound from step to
+        step (rebinding the mask cost ~37 us a step, right after a forward pass flushed the caches). Other
+        providers' attention kernels may size their work by the mask's width, so there the mask is the row's.
         Returns logits `[rows, vocab]`.
         """
-        width = int(lengths.max())
+        _, _, ones_ptr, staged_ptr, row_ptr = self._pointers
         self._ids[:rows] = token_ids
         if rows > 1:
+            width = int(lengths.max())
             self._stage_mask(lengths, width)
-        return self._run(self._session, 0, rows, (rows, 1), (rows, width), 1).reshape(rows, self._vocab_size)
+            mask = (rows, width, staged_ptr)
+        elif self._pads_row_mask:
+            self._extend_row_mask(int(lengths[0]))
+            mask = (1, self._row_mask.size, row_ptr)
+        else:
+            mask = (1, int(lengths[0]), ones_ptr)
+        return self._run(self._session, 0, rows, (rows, 1), mask, 1).reshape(rows, self._vocab_size)
+
+    def _extend_row_mask(self, length: int) -> None:
+        """`_row_mask` holds ones up to `length`: one more element as a row decodes, a rewrite after any other move."""
+        if length == self._row_length + 1:
+            self._row_mask[self._row_length] = 1
+        elif length != self._row_length:
+            self._row_mask[:length] = 1
+            self._row_mask[length:] = 0
+        self._row_length = length
 
     def _stage_mask(self, lengths: np.ndarray, width: int) -> None:
         """The attention mask `[rows, width]`, right-padded: row i holds ones up to `lengths[i]`."""
@@ -327,7 +355,8 @@ class DecoderSession:
         """
         count = len(token_ids)
         self._ids[:count] = token_ids
-        return self._run(self._session, 0, 1, (1, count), (1, past + count), count).reshape(count, self._vocab_size)
+        mask = (1, past + count, self._pointers[2])
+        return self._run(self._session, 0, 1, (1, count), mask, count).reshape(count, self._vocab_size)
 
     def _run(
         self,
@@ -335,22 +364,25 @@ class DecoderSession:
         start: int,
         stop: int,
         ids_shape: tuple[int, int],
-        mask_shape: tuple[int, int],
+        mask: tuple[int, int, int],
         positions: int,
     ) -> np.ndarray:
-        """Run `session` on pool rows `start:stop`; logits come back for the last `positions` of each row."""
-        logits_ptr, ids_ptr, ones_ptr, staged_ptr = self._pointers
+        """Run `session` on pool rows `start:stop`; logits come back for the last `positions` of each row.
+
+        `mask`: the attention mask's rows, width and the address of the buffer holding it.
+        """
+        logits_ptr, ids_ptr, *_ = self._pointers
         io = self._io
         binding, bound = self._binding(session, start, stop)
-        # The buffers never move and a mask's row count picks its buffer, so an input whose shape is
-        # unchanged stays bound: each bind call costs ~15 us right after a forward pass flushed the caches.
+        # The buffers never move, so an input whose shape (and, for the mask, buffer) is unchanged stays
+        # bound: each bind call costs ~15-40 us right after a forward pass flushed the caches.
         if bound.get(io.input_ids) != ids_shape:
             binding.bind_input(io.input_ids, "cpu", 0, np.int64, ids_shape, ids_ptr)
             bound[io.input_ids] = ids_shape
-        if bound.get(io.attention_mask) != mask_shape:
-            mask_ptr = ones_ptr if mask_shape[0] == 1 else staged_ptr
-            binding.bind_input(io.attention_mask, "cpu", 0, np.int64, mask_shape, mask_ptr)
-            bound[io.attention_mask] = mask_shape
+        if bound.get(io.attention_mask) != mask:
+            rows, width, address = mask
+            binding.bind_input(io.attention_mask, "cpu", 0, np.int64, (rows, width), address)
+            bound[io.attention_mask] = mask
         logits_shape = (ids_shape[0], positions, self._vocab_size)
         if bound.get(io.logits) != logits_shape:
             binding.bind_output(io.logits, "cpu", 0, np.float32, logits_shape, logits_ptr)
