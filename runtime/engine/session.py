@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnxruntime as ort
@@ -199,6 +200,16 @@ class SessionBuild:
         return (self.finished or time.monotonic()) - self.started
 
 
+class _Addresses(NamedTuple):
+    """Where `DecoderSession`'s staging buffers live: they never move, so a binding can point at them."""
+
+    logits: int
+    ids: int
+    ones: int  # the mask of a prompt or a verify: a prefix of ones
+    staged: int  # the masks of several decoding rows
+    row: int  # the mask of one decoding row, as wide as the KV buffer
+
+
 class DecoderSession:
     """Runs forward passes of the decoder over row ranges of a KV pool.
 
@@ -246,7 +257,7 @@ class DecoderSession:
         self._row_length = 0  # the ones at the start of `_row_mask`
         self._pads_row_mask = session.get_providers()[0] == "CPUExecutionProvider"
         self._positions = np.arange(max_context + 1, dtype=np.int64)
-        self._pointers = (
+        self._addresses = _Addresses(
             self._logits.ctypes.data,
             self._ids.ctypes.data,
             self._ones.ctypes.data,
@@ -286,7 +297,7 @@ class DecoderSession:
         count = len(token_ids)
         self._ids[:count] = token_ids
         rows = self._prefill_rows or count
-        mask = (1, past + count, self._pointers[2])
+        mask = (1, past + count, self._addresses.ones)
         logits = self._run(self._prefill_session, slot, slot + 1, (1, count), mask, rows)
         return logits.reshape(rows, self._vocab_size)
 
@@ -303,7 +314,7 @@ class DecoderSession:
         for row, prompt in enumerate(prompts):
             ids[row, : len(prompt)] = prompt
         self._stage_mask(np.array([len(p) for p in prompts], dtype=np.int64), width)
-        mask = (rows, width, self._pointers[3])
+        mask = (rows, width, self._addresses.staged)
         logits = self._run(self._prefill_session, first_slot, first_slot + rows, (rows, width), mask, 1)
         return logits.reshape(rows, self._vocab_size)
 
@@ -318,17 +329,17 @@ class DecoderSession:
         providers' attention kernels may size their work by the mask's width, so there the mask is the row's.
         Returns logits `[rows, vocab]`.
         """
-        _, _, ones_ptr, staged_ptr, row_ptr = self._pointers
+        addresses = self._addresses
         self._ids[:rows] = token_ids
         if rows > 1:
             width = int(lengths.max())
             self._stage_mask(lengths, width)
-            mask = (rows, width, staged_ptr)
+            mask = (rows, width, addresses.staged)
         elif self._pads_row_mask:
             self._extend_row_mask(int(lengths[0]))
-            mask = (1, self._row_mask.size, row_ptr)
+            mask = (1, self._row_mask.size, addresses.row)
         else:
-            mask = (1, int(lengths[0]), ones_ptr)
+            mask = (1, int(lengths[0]), addresses.ones)
         return self._run(self._session, 0, rows, (rows, 1), mask, 1).reshape(rows, self._vocab_size)
 
     def _extend_row_mask(self, length: int) -> None:
@@ -355,7 +366,7 @@ class DecoderSession:
         """
         count = len(token_ids)
         self._ids[:count] = token_ids
-        mask = (1, past + count, self._pointers[2])
+        mask = (1, past + count, self._addresses.ones)
         return self._run(self._session, 0, 1, (1, count), mask, count).reshape(count, self._vocab_size)
 
     def _run(
@@ -371,13 +382,13 @@ class DecoderSession:
 
         `mask`: the attention mask's rows, width and the address of the buffer holding it.
         """
-        logits_ptr, ids_ptr, *_ = self._pointers
+        addresses = self._addresses
         io = self._io
         binding, bound = self._binding(session, start, stop)
         # The buffers never move, so an input whose shape (and, for the mask, buffer) is unchanged stays
         # bound: each bind call costs ~15-40 us right after a forward pass flushed the caches.
         if bound.get(io.input_ids) != ids_shape:
-            binding.bind_input(io.input_ids, "cpu", 0, np.int64, ids_shape, ids_ptr)
+            binding.bind_input(io.input_ids, "cpu", 0, np.int64, ids_shape, addresses.ids)
             bound[io.input_ids] = ids_shape
         if bound.get(io.attention_mask) != mask:
             rows, width, address = mask
@@ -385,7 +396,7 @@ class DecoderSession:
             bound[io.attention_mask] = mask
         logits_shape = (ids_shape[0], positions, self._vocab_size)
         if bound.get(io.logits) != logits_shape:
-            binding.bind_output(io.logits, "cpu", 0, np.float32, logits_shape, logits_ptr)
+            binding.bind_output(io.logits, "cpu", 0, np.float32, logits_shape, addresses.logits)
             bound[io.logits] = logits_shape
         session.run_with_iobinding(binding)
         return self._logits[: ids_shape[0] * positions * self._vocab_size]
