@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import httpx
 
-from packager.deploy.local import _alive, _terminate
+from packager.deploy.server_process import alive, terminate
 from packager.processes import precompile_runtime, stop_process
 from runtime.startup import parse_timeline
 
@@ -183,7 +183,7 @@ class ProcessSnapshotRuns:
                 ready = _wait_ready(client, _Pid(pid), self.work / "server.log")
                 first, text = _first_token(client, self.probe)
             finally:
-                _terminate(pid, STOP_GRACE)
+                terminate(pid, STOP_GRACE)
         return ColdSample(
             exec_to_ready=ready - exec_time,
             exec_to_first_token=first - exec_time,
@@ -213,7 +213,7 @@ class ProcessSnapshotRuns:
         except process_snapshot.SnapshotUnavailable as exc:
             raise RuntimeError(str(exc)) from exc
         finally:
-            _terminate(pid, STOP_GRACE)
+            terminate(pid, STOP_GRACE)
             launcher.wait()
         return key
 
@@ -226,7 +226,7 @@ class _Pid:
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
-        if not _alive(self.pid):
+        if not alive(self.pid):
             self.returncode = -1
         return self.returncode
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from packager.deploy import local
+from packager.deploy import local, server_process
 from packager.deploy.base import TARGETS, target
 from packager.errors import UserError
 from packager.spec import FunctionSpec, load_spec
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if status is None:
         raise UserError(f"{spec.name} is not deployed; deploy it first: pkg deploy {args.function} --target local")
     if status.state != "ready":
-        tail = local.log_tail(Path(status.deployment.log_file))
+        tail = server_process.log_tail(Path(status.deployment.log_file))
         raise UserError(
             f"the local deployment of {spec.name} is not serving (state: {status.state}, pid {status.pid}); "
             f"redeploy with `pkg deploy {args.function} --target local`\n{tail}"

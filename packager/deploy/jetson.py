@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packager.deploy.base import TargetStatus
-from packager.deploy.local import _alive, _terminate
 from packager.deploy.server_flags import server_flags
+from packager.deploy.server_process import alive, terminate
 from packager.edge.archive import archive_bundle
 from packager.edge.client import AgentClient, AgentError, DeviceAuth
 from packager.edge.devices import TOKEN_ENV
@@ -221,7 +221,7 @@ def apply(plan: JetsonPlan) -> JetsonDeployment:
         write_jetson_context(plan.state_dir / "image", plan.spec, plan.bundle, plan.wheel, plan.base)
     log_file = plan.state_dir / "agent.log"
     previous = _load(plan.state_dir)
-    pid = previous.pid if previous is not None and _alive(previous.pid) else 0
+    pid = previous.pid if previous is not None and alive(previous.pid) else 0
     if plan.serving is None:
         token_file = Path(plan.agent_command[plan.agent_command.index("--token-file") + 1])
         token_file.unlink(missing_ok=True)
@@ -279,7 +279,7 @@ def destroy(spec: FunctionSpec) -> list[str] | None:
     deployment = _load(state_dir(spec))
     if deployment is None:
         return None
-    if deployment.pid and _alive(deployment.pid):
-        _terminate(deployment.pid, 30.0)
+    if deployment.pid and alive(deployment.pid):
+        terminate(deployment.pid, 30.0)
     (state_dir(spec) / "state.json").unlink(missing_ok=True)
     return [f"edge agent pid {deployment.pid} ({deployment.url})"]

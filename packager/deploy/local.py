@@ -17,18 +17,13 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import httpx
-
-from packager.deploy import process_snapshot
+from packager.deploy import process_snapshot, server_process
 from packager.deploy.base import TargetStatus
 from packager.deploy.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
 from packager.deploy.server_flags import server_flags
@@ -44,8 +39,6 @@ PREPACKED_DIR = "prepacked"
 TARGET = "local"
 READY_TIMEOUT = 120.0
 STOP_TIMEOUT = 10.0
-LOG_TAIL_LINES = 25
-_POLL = 0.1
 PROMPT_GRAPH_WAIT = 60.0
 
 
@@ -198,7 +191,7 @@ def apply(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDepl
     log_file = plan.state_dir / LOG_FILE
     criu, note = _criu(plan)
     if criu is not None and process_snapshot.exists(plan.state_dir):
-        port = plan.port or process_snapshot.recorded_port(plan.state_dir) or _free_port(plan.host)
+        port = plan.port or process_snapshot.recorded_port(plan.state_dir) or server_process.free_port(plan.host)
         key = _snapshot_key(plan, plan.command(port), criu)
         try:
             pid = process_snapshot.restore(plan.state_dir, key, criu, log_file)
@@ -206,12 +199,14 @@ def apply(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDepl
             note = f"started fresh: the process snapshot was not used ({exc})"
         else:
             deployment = _deployment(plan, port, pid, log_file, start="restored", note="resumed the process snapshot")
-            problem = _wait_ready(deployment, lambda: None if _alive(pid) else "exited", ready_timeout)
+            problem = server_process.wait_ready(
+                deployment.url, lambda: None if server_process.alive(pid) else "exited", ready_timeout
+            )
             if problem is None:
                 return deployment
             _stop(plan.state_dir, forget_key=False)
             note = f"started fresh: the resumed process snapshot {problem}"
-    port = plan.port or _free_port(plan.host)
+    port = plan.port or server_process.free_port(plan.host)
     precompile_runtime()
     # No ONNX Runtime telemetry: its store is an SQLite file held under a lock, which CRIU cannot dump.
     env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1"}
@@ -231,10 +226,10 @@ def apply(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDepl
         code = process.poll()
         return None if code is None else f"exited with code {code}"
 
-    problem = _wait_ready(deployment, exited, ready_timeout)
+    problem = server_process.wait_ready(deployment.url, exited, ready_timeout)
     if problem is not None:
         _stop(plan.state_dir)
-        raise UserError(f"{plan.function} did not start: the server {problem}\n{log_tail(log_file)}")
+        raise UserError(f"{plan.function} did not start: the server {problem}\n{server_process.log_tail(log_file)}")
     if criu is not None:
         deployment = _capture(plan, deployment, criu)
     return deployment
@@ -303,13 +298,13 @@ def status(spec: FunctionSpec) -> TargetStatus | None:
     deployment = load(state_dir(spec))
     if deployment is None:
         return None
-    alive = _is_running(deployment)
+    alive = server_process.serves_bundle(deployment.pid, deployment.bundle)
     return TargetStatus(
         target=TARGET,
         url=deployment.url,
         pid=deployment.pid,
         bundle_digest=deployment.bundle_digest,
-        state=_probe(deployment.url) if alive else "exited",
+        state=server_process.probe(deployment.url) if alive else "exited",
         uptime_seconds=time.time() - deployment.started_at if alive else None,
         detail=f"see {deployment.log_file}",
         deployment=deployment,
@@ -332,14 +327,6 @@ def load(directory: Path) -> LocalDeployment | None:
         raise UserError(f"{directory / 'state.json'} is corrupt ({exc}); delete {directory} and redeploy") from exc
 
 
-def log_tail(log_file: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        tail = log_file.read_text(errors="replace").splitlines()[-lines:]
-    except FileNotFoundError:
-        return f"(no log at {log_file})"
-    return f"last {len(tail)} lines of {log_file}:\n" + "\n".join("  " + line for line in tail)
-
-
 def _save(directory: Path, deployment: LocalDeployment) -> None:
     (directory / "server.pid").write_text(f"{deployment.pid}\n")
     temporary = directory / "state.json.tmp"
@@ -351,89 +338,13 @@ def _stop(directory: Path, *, timeout: float = STOP_TIMEOUT, forget_key: bool = 
     deployment = load(directory)
     if deployment is None:
         return None
-    if _is_running(deployment):
-        _terminate(deployment.pid, timeout)
+    if server_process.serves_bundle(deployment.pid, deployment.bundle):
+        server_process.terminate(deployment.pid, timeout)
     for name in ("state.json", "server.pid"):
         (directory / name).unlink(missing_ok=True)
     if forget_key and deployment.api_key_source == "file":
         Path(deployment.api_key_location).unlink(missing_ok=True)
     return deployment
-
-
-def _terminate(pid: int, timeout: float) -> None:
-    """SIGTERM the server's process group (graceful: in-flight requests end), SIGKILL it after `timeout`."""
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not _alive(pid):
-                return
-            time.sleep(_POLL / 2)
-    raise UserError(f"process {pid} survived SIGKILL; stop it by hand")
-
-
-def _wait_ready(deployment: LocalDeployment, exited: Callable[[], str | None], timeout: float) -> str | None:
-    """None once `/ready` answers 200; otherwise what went wrong (`exited()` says whether the server died)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        problem = exited()
-        if problem is not None:
-            return problem
-        if _probe(deployment.url) == "ready":
-            return None
-        time.sleep(_POLL)
-    return f"was not ready after {timeout:.0f} s"
-
-
-def _probe(url: str) -> str:
-    try:
-        response = httpx.get(url + "/ready", timeout=2.0)
-    except httpx.HTTPError:
-        return "unresponsive"
-    if response.status_code == 200:
-        return "ready"
-    try:
-        failed = response.json().get("status") == "failed"
-    except ValueError:
-        return "unresponsive"  # something else answers on that port
-    return "failed" if failed else "starting"
-
-
-def _is_running(deployment: LocalDeployment) -> bool:
-    """The pid is alive and still our server (pids are reused once a process is gone)."""
-    if not _alive(deployment.pid):
-        return False
-    cmdline = Path(f"/proc/{deployment.pid}/cmdline")
-    if not cmdline.exists():
-        return True  # no procfs to check against: trust the pid
-    return cmdline.read_bytes().split(b"\0")[1:5] == [b"-m", b"runtime", b"serve", deployment.bundle.encode()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        reaped, _ = os.waitpid(pid, os.WNOHANG)  # when it is our own child, collect its exit status
-        if reaped == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    # A zombie (exited, parent has not reaped it yet) still answers signal 0.
-    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _client_host(host: str) -> str:
