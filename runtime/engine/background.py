@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+from runtime.engine.huge_pages import CollapseReport, Interval, collapse, release_free_heap
+
+if TYPE_CHECKING:  # session.py imports this module
+    from runtime.engine.session import SessionBuild
+
+log = logging.getLogger("runtime.engine")
 
 T = TypeVar("T")
 
@@ -76,3 +84,74 @@ class Idleness:
                 time.sleep(min(quiet_s - (now - self._since), deadline - now))
             else:
                 self._idle.wait(deadline - now)
+
+
+class StartupWork:
+    """What an engine finishes while it already serves: a deferred prefill graph's build, then huge pages.
+
+    The prefill graph builds once the step loop has been quiet (a cold start's first request runs without the
+    build beside it on the same cores); the engine takes it between steps (`take_prefill`). Huge pages come
+    after every session is built: moving pages would slow the builds.
+    """
+
+    def __init__(
+        self,
+        prefill: SessionBuild | None,
+        decode_memory: Sequence[Interval],
+        huge_pages: bool,
+        idleness: Idleness,
+        wake: Callable[[], None],
+    ) -> None:
+        """`wake` is called once the prefill graph is built: an idle loop must wake to switch to it."""
+        self._prefill = prefill
+        self._decode_memory = decode_memory
+        self._huge_pages_on = huge_pages
+        self._idleness = idleness
+        self.huge_pages: Future[CollapseReport] | None = None
+        if prefill is None:
+            self._move_to_huge_pages()
+        else:
+            run_in_background(lambda: self._start_when_quiet(prefill), "onnxfn-prefill-wait")
+            prefill.when_done(wake)
+
+    @property
+    def prefill_loading(self) -> bool:
+        """A deferred prefill graph is still to be taken."""
+        return self._prefill is not None
+
+    @property
+    def prefill_built(self) -> bool:
+        """The deferred prefill graph is built and waits to be taken."""
+        return self._prefill is not None and self._prefill.done
+
+    @property
+    def done(self) -> bool:
+        return self._prefill is None and (self.huge_pages is None or self.huge_pages.done())
+
+    def take_prefill(self, wait: bool) -> SessionBuild | None:
+        """The deferred build, handed over once: when it is built, or at once with `wait` (the caller then
+        waits on its result). The caller says `prefill_switched` once it has switched to it, or failed to."""
+        build = self._prefill
+        if build is None or not (wait or build.done):
+            return None
+        self._prefill = None
+        return build
+
+    def prefill_switched(self) -> None:
+        """Every session is built: hand back what the build freed, then move the decode weights."""
+        release_free_heap()
+        self._move_to_huge_pages()
+
+    def _start_when_quiet(self, build: SessionBuild) -> None:
+        self._idleness.wait_quiet(patience_s=BUILD_PATIENCE_S)
+        build.start()
+
+    def _move_to_huge_pages(self) -> None:
+        if self._huge_pages_on:
+            # Preferably while no request runs: moving pages stalls the engine's page faults (measured: a
+            # first request's TTFT 130 -> 294 ms when it ran beside the collapse). A loop never idle gets a
+            # chunk (~10 ms of stalls at most) every `PATIENCE_S`.
+            self.huge_pages = run_in_background(
+                lambda: collapse(self._decode_memory, before_each=self._idleness.wait_quiet), "onnxfn-huge-pages"
+            )
+            self.huge_pages.add_done_callback(lambda done: log.info(done.result().describe()))

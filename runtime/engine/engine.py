@@ -23,10 +23,10 @@ from typing import TypeVar
 import numpy as np
 
 from runtime.bundle import Bundle
-from runtime.engine.background import BUILD_PATIENCE_S, Idleness, run_in_background
+from runtime.engine.background import Idleness, StartupWork
 from runtime.engine.config import EngineConfig
 from runtime.engine.constraints import Grammars
-from runtime.engine.huge_pages import CollapseReport, collapse, release_free_heap
+from runtime.engine.huge_pages import CollapseReport
 from runtime.engine.kv_cache import KVPool, PrefixCache, context_for_budget
 from runtime.engine.output import OutputProcessor
 from runtime.engine.providers import short_name
@@ -85,8 +85,6 @@ class Engine:
         self._pool = KVPool(facts, config.max_batch, self.max_context)
         self.grammars = Grammars(bundle.tokenizer_path, facts.vocab_size, facts.eos_token_ids)
         session = build.result()
-        # Deferred, the prefill graph goes on building while the engine serves (see `_use_prefill_graph`).
-        self._prefill_pending = prefill_build if config.defer_prefill_graph else None
         prefill_session = None
         if prefill_build is not None and not config.defer_prefill_graph:
             prefill_session = prefill_build.result()
@@ -101,7 +99,6 @@ class Engine:
         self._drafter = PromptLookup(config.speculative_tokens) if config.speculative else None
         self._runner = ModelRunner(decoder, self._pool, self._prefix_cache, self._drafter)
         self._scheduler = Scheduler(self._pool, self._prefix_cache, config.max_queue, config.prefill_chunk)
-        self._set_kv_reuse()
         self._on_step = on_step
         self._streams: dict[str, RequestStream] = {}
         self._wakeup = threading.Condition()
@@ -111,17 +108,10 @@ class Engine:
         self._idleness = Idleness()
         self._tokens_in = self._tokens_out = self._steps = self._last_batch = 0
         self.load_times = LoadTimes(session_s, tokenizer_s, time.perf_counter() - started)
-        self._decode_memory = build.allocated
-        self._huge_pages: Future[CollapseReport] | None = None
-        if self._prefill_pending is None:
-            self._move_to_huge_pages()
-        else:
-            # Built once the loop has been quiet: a first request arriving at `/ready` (a cold start's)
-            # then runs without the build beside it on the same cores.
-            pending = self._prefill_pending
-            run_in_background(lambda: self._start_when_quiet(pending), "onnxfn-prefill-wait")
-            # An idle loop must wake to switch, or an idle server would wait for a request to do so.
-            pending.when_done(self._wake)
+        # Deferred, the prefill graph goes on building while the engine serves (see `_use_prefill_graph`).
+        deferred = prefill_build if config.defer_prefill_graph else None
+        self._startup = StartupWork(deferred, build.allocated, config.huge_pages, self._idleness, self._wake)
+        self._set_kv_reuse()
 
     # Lifecycle.
     def start(self) -> None:
@@ -197,7 +187,7 @@ class Engine:
     @property
     def prefill_graph(self) -> str:
         """What prompts run through: `decode graph`, `prefill graph`, or `loading` (the decode graph, for now)."""
-        if self._prefill_pending is not None:
+        if self._startup.prefill_loading:
             return "loading"
         return "prefill graph" if self._decoder.has_prefill_graph or self._throughput else "decode graph"
 
@@ -208,12 +198,13 @@ class Engine:
     @property
     def warm(self) -> bool:
         """The start-up work done in the background (prefill graph, huge pages) is over."""
-        return self._prefill_pending is None and (self._huge_pages is None or self._huge_pages.done())
+        return self._startup.done
 
     def wait_until_warm(self) -> CollapseReport | None:
         """Block until the start-up work done in the background is over: the prefill graph, then huge pages."""
         self.wait_for_prefill_graph()
-        return self._huge_pages.result() if self._huge_pages is not None else None
+        huge_pages = self._startup.huge_pages
+        return huge_pages.result() if huge_pages is not None else None
 
     def pin_prefix(self, token_ids: Sequence[int], kv: np.ndarray) -> None:
         """Keep `kv` for every prompt that starts with `token_ids` (never evicted); checks its layout first."""
@@ -278,7 +269,7 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._wakeup:
-                while not (self._stopping or self._scheduler.has_work() or self._jobs or self._prefill_built()):
+                while not (self._stopping or self._scheduler.has_work() or self._jobs or self._startup.prefill_built):
                     self._idleness.enter()
                     self._wakeup.wait()
                 self._idleness.leave()
@@ -301,10 +292,11 @@ class Engine:
         Not while a prompt is half-prefilled: its KV would mix both graphs. From the switch on, prompt KV
         is prefix-cached again (computed by the graph every later prompt uses), decoded KV still is not.
         """
-        build = self._prefill_pending
-        if build is None or not (wait or build.done) or (not wait and self._scheduler.mid_prefill()):
+        if not wait and self._scheduler.mid_prefill():
             return
-        self._prefill_pending = None
+        build = self._startup.take_prefill(wait)
+        if build is None:
+            return
         try:
             session = build.result()
         except Exception as exc:  # the engine serves on without it: prompts keep using the decode graph
@@ -312,16 +304,8 @@ class Engine:
         else:
             self._decoder.attach_prefill(session)
             log.info("prefill graph in use (built in %.2f s)", build.duration)
-        release_free_heap()
+        self._startup.prefill_switched()
         self._set_kv_reuse()
-        self._move_to_huge_pages()
-
-    def _start_when_quiet(self, build: SessionBuild) -> None:
-        self._idleness.wait_quiet(patience_s=BUILD_PATIENCE_S)
-        build.start()
-
-    def _prefill_built(self) -> bool:
-        return self._prefill_pending is not None and self._prefill_pending.done
 
     def _set_kv_reuse(self) -> None:
         """What the prefix cache may keep follows from the graphs in use: a cache hit must equal a miss.
@@ -329,20 +313,9 @@ class Engine:
         Prompt KV only once prompts run through the graph every later prompt uses (not while a prefill
         graph is still loading); generated tokens' KV only when one graph computes prompts and tokens alike.
         """
-        loading = self._prefill_pending is not None
+        loading = self._startup.prefill_loading
         self._runner.store_prompts = not loading
         self._scheduler.cache_decoded_kv = not loading and not self._decoder.has_prefill_graph
-
-    def _move_to_huge_pages(self) -> None:
-        """Once every session is built (it would slow their builds): the decode weights onto huge pages."""
-        if self.config.huge_pages:
-            # Preferably while no request runs: moving pages stalls the engine's page faults (measured: a
-            # first request's TTFT 130 -> 294 ms when it ran beside the collapse). A loop never idle gets a
-            # chunk (~10 ms of stalls at most) every `PATIENCE_S`.
-            self._huge_pages = run_in_background(
-                lambda: collapse(self._decode_memory, before_each=self._idleness.wait_quiet), "onnxfn-huge-pages"
-            )
-            self._huge_pages.add_done_callback(lambda done: log.info(done.result().describe()))
 
     def _step(self) -> StepReport:
         started = time.perf_counter()
