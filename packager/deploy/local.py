@@ -27,6 +27,7 @@ from packager.deploy import process_snapshot, server_process
 from packager.deploy.base import TargetStatus
 from packager.deploy.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
 from packager.deploy.server_flags import server_flags
+from packager.deploy.server_process import log_tail
 from packager.errors import UserError
 from packager.paths import build_dir, bundle_dir
 from packager.processes import precompile_runtime
@@ -229,7 +230,7 @@ def apply(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDepl
     problem = server_process.wait_ready(deployment.url, exited, ready_timeout)
     if problem is not None:
         _stop(plan.state_dir)
-        raise UserError(f"{plan.function} did not start: the server {problem}\n{server_process.log_tail(log_file)}")
+        raise UserError(f"{plan.function} did not start: the server {problem}\n{log_tail(log_file)}")
     if criu is not None:
         deployment = _capture(plan, deployment, criu)
     return deployment
