@@ -47,8 +47,3 @@ class EngineConfig:
     # `speculative_tokens` drafted tokens verified per decode forward.
     speculative: bool = False
     speculative_tokens: int = 3
-    # While nothing changes (no request arrives, ends or is cancelled), the step loop decodes the same batch
-    # again for up to this long before handing the tokens to their streams: one consumer wake-up per few
-    # tokens instead of one per token (as vLLM's `stream_interval`, in time rather than tokens, so a slow model
-    # still streams every token). 0 hands over every step's tokens at once.
-    stream_interval_s: float = 0.03

@@ -33,7 +33,7 @@ from runtime.engine.providers import short_name
 from runtime.engine.reports import EngineStats, LoadTimes, RequestTiming, StepReport, request_timing
 from runtime.engine.request import EngineError, GenerationRequest, InvalidRequestError, SequenceOutput
 from runtime.engine.runner import ModelRunner
-from runtime.engine.sampling import SequenceSampler, TokenChoice
+from runtime.engine.sampling import SequenceSampler
 from runtime.engine.scheduler import RequestState, Scheduler, SequenceState, SequenceStatus
 from runtime.engine.session import (
     PREFILL_MODEL_FILE,
@@ -282,7 +282,7 @@ class Engine:
             if not self._scheduler.has_work():
                 continue
             try:
-                self._step(self.config.stream_interval_s)
+                self._step()
             except Exception as exc:
                 self._fail_all(exc)
 
@@ -317,55 +317,21 @@ class Engine:
         self._runner.store_prompts = not loading
         self._scheduler.cache_decoded_kv = not loading and not self._decoder.has_prefill_graph
 
-    def _step(self, stream_interval_s: float = 0.0) -> StepReport:
-        """One scheduled step; while nothing changes, the same batch decodes on for up to `stream_interval_s`
-        (from the step's start) before its tokens go to their streams."""
+    def _step(self) -> StepReport:
         started = time.perf_counter()
         work = self._scheduler.schedule()
-        outputs = [(group, seq.output.aborted()) for group in work.aborted for seq in group.sequences]
+        for group in work.aborted:
+            for seq in group.sequences:
+                self._push(group, seq.output.aborted(), started)
+        results = self._runner.execute(work)
+        now = time.perf_counter()
         first_tokens: list[float] = []
         finished: list[RequestTiming] = []
-        steps = 1
-        self._book(self._runner.execute(work), outputs, first_tokens, finished)
-        while (
-            time.perf_counter() - started < stream_interval_s
-            and self._scheduler.would_repeat(work)
-            and not (self._jobs or self._stopping or self._startup.prefill_built)
-        ):
-            self._book(self._runner.execute(work), outputs, first_tokens, finished)
-            steps += 1
-        self._deliver(outputs, time.perf_counter())
-        prefill_tokens = sum(c.stop - c.start for c in work.prefills)
-        self._tokens_in += prefill_tokens
-        self._last_batch = len(work.decode)
-        report = StepReport(
-            duration=time.perf_counter() - started,
-            batch_size=len(work.decode),
-            prefill_tokens=prefill_tokens,
-            decode_tokens=len(work.decode) * steps,
-            first_tokens=tuple(first_tokens),
-            finished=tuple(finished),
-            queued=len(self._scheduler.waiting),
-            kv_used_bytes=sum(s.num_computed for s in work.decode) * self._pool.bytes_per_token,
-        )
-        if self._on_step is not None:
-            self._on_step(report)
-        return report
-
-    def _book(
-        self,
-        results: list[tuple[SequenceState, TokenChoice]],
-        outputs: list[tuple[RequestState, SequenceOutput]],
-        first_tokens: list[float],
-        finished: list[RequestTiming],
-    ) -> None:
-        """Turn a run's tokens into outputs, finishing sequences that end; counts the run in the stats at once."""
-        now = time.perf_counter()
-        self._steps += 1
+        produced = 0
         for seq, choice in results:
             if seq.status is SequenceStatus.FINISHED:
                 continue  # accepted drafts after the token that ended the sequence
-            self._tokens_out += 1
+            produced += 1
             group = seq.group
             if group.first_token_at is None:
                 group.first_token_at = now
@@ -375,23 +341,34 @@ class Engine:
                 self._scheduler.finish(seq)
                 if group.finished:
                     finished.append(request_timing(group, now))
-            outputs.append((group, output))
+            self._push(group, output, now)
+        prefill_tokens = sum(c.stop - c.start for c in work.prefills)
+        self._tokens_in += prefill_tokens
+        self._tokens_out += produced
+        self._steps += 1
+        self._last_batch = len(work.decode)
+        report = StepReport(
+            duration=time.perf_counter() - started,
+            batch_size=len(work.decode),
+            prefill_tokens=prefill_tokens,
+            decode_tokens=len(work.decode),
+            first_tokens=tuple(first_tokens),
+            finished=tuple(finished),
+            queued=len(self._scheduler.waiting),
+            kv_used_bytes=sum(s.num_computed for s in work.decode) * self._pool.bytes_per_token,
+        )
+        if self._on_step is not None:
+            self._on_step(report)
+        return report
 
-    def _deliver(self, outputs: list[tuple[RequestState, SequenceOutput]], now: float) -> None:
-        """Hand each output to its request's stream, then end the streams of the requests that finished."""
-        ended: dict[str, RequestStream] = {}
-        for group, output in outputs:
-            stream = self._streams.get(group.request.request_id)
-            if stream is None:
-                continue
-            stream.push(output, now)
-            if group.finished:
-                ended[group.request.request_id] = stream
-        if ended:
+    def _push(self, group: RequestState, output: SequenceOutput, now: float) -> None:
+        stream = self._streams.get(group.request.request_id)
+        if stream is None:
+            return
+        stream.push(output, now)
+        if group.finished:
             with self._wakeup:
-                for request_id in ended:
-                    self._streams.pop(request_id, None)
-        for stream in ended.values():
+                self._streams.pop(group.request.request_id, None)
             stream.close()
 
     def _fail_all(self, exc: Exception) -> None:

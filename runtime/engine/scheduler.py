@@ -140,16 +140,6 @@ class Scheduler:
             aborted=tuple(aborted),
         )
 
-    def would_repeat(self, work: SchedulerOutput) -> bool:
-        """`schedule()` would hand out `work` again: it decodes and prefills nothing, nothing waits or is being
-        aborted, and every running sequence is still one `work` decodes."""
-        return (
-            bool(work.decode)
-            and not (work.prefills or work.passengers or self.waiting or self._aborts)
-            and all(s.status is SequenceStatus.RUNNING for s in work.decode)
-            and sum(len(g.sequences) for g in self.running) == len(work.decode)
-        )
-
     def mid_prefill(self) -> bool:
         """Whether some prompt has been prefilled in part (its next chunk is still to come)."""
         return any(
