@@ -195,7 +195,8 @@ class ProcessSnapshotRuns:
     def _capture(self) -> Any:
         from packager.deploy import process_snapshot
         from runtime.bundle import open_bundle
-        from runtime.engine.prepacked import PrepackedGraphs, bundle_graphs
+        from runtime.engine.graphs import bundle_graphs
+        from runtime.engine.prepacked import PrepackedGraphs
 
         precompile_runtime()
         bundle = open_bundle(self.bundle, verify=False)

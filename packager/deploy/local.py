@@ -33,7 +33,8 @@ from packager.paths import build_dir, bundle_dir
 from packager.processes import precompile_runtime
 from packager.spec import FunctionSpec
 from runtime.bundle import BundleError, open_bundle, read_manifest
-from runtime.engine.prepacked import PrepackedGraphs, bundle_graphs
+from runtime.engine.graphs import bundle_graphs
+from runtime.engine.prepacked import PrepackedGraphs
 
 LOG_FILE = "server.log"
 PREPACKED_DIR = "prepacked"

@@ -28,7 +28,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from packager.errors import UserError
-from runtime.engine.session import PREFILL_MODEL_FILE, ROW_LAST_POSITIONS
+from runtime.engine.graphs import PREFILL_MODEL_FILE, ROW_LAST_POSITIONS
 
 PREFILL_GRAPH_VERSION = 2  # bump when the graph written here changes, to rebuild bundles
 PREFILL_DATA_FILE = PREFILL_MODEL_FILE + ".data"

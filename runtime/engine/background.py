@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from runtime.engine.huge_pages import CollapseReport, Interval, collapse, release_free_heap
 
-if TYPE_CHECKING:  # session.py imports this module
-    from runtime.engine.session import SessionBuild
+if TYPE_CHECKING:  # session_build.py imports this module
+    from runtime.engine.session_build import SessionBuild
 
 log = logging.getLogger("runtime.engine")
 

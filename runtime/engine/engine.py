@@ -26,6 +26,7 @@ from runtime.bundle import Bundle
 from runtime.engine.background import Idleness, StartupWork
 from runtime.engine.config import EngineConfig
 from runtime.engine.constraints import Grammars
+from runtime.engine.graphs import decode_graph_path, decodes_with_prefill_graph
 from runtime.engine.huge_pages import CollapseReport
 from runtime.engine.kv_cache import KVPool, PrefixCache, context_for_budget
 from runtime.engine.output import OutputProcessor
@@ -35,17 +36,8 @@ from runtime.engine.request import EngineError, GenerationRequest, InvalidReques
 from runtime.engine.runner import ModelRunner
 from runtime.engine.sampling import SequenceSampler
 from runtime.engine.scheduler import RequestState, Scheduler, SequenceState, SequenceStatus
-from runtime.engine.session import (
-    PREFILL_MODEL_FILE,
-    DecoderSession,
-    SessionBuild,
-    SessionOptions,
-    WarmUp,
-    decode_graph_path,
-    decodes_with_prefill_graph,
-    graph_path,
-    prefill_graph_usable,
-)
+from runtime.engine.session import DecoderSession
+from runtime.engine.session_build import SessionBuild, SessionOptions, prefill_session_build
 from runtime.engine.speculative import PromptLookup
 from runtime.engine.stream import RequestStream
 from runtime.engine.tokenizer import Tokenizer
@@ -77,7 +69,7 @@ class Engine:
         if self._throughput and config.speculative:
             raise ValueError("speculative decoding verifies drafts through the int8 graph: use decode = latency")
         build = session_build or SessionBuild(decode_graph_path(bundle, config), SessionOptions.for_engine(config))
-        prefill_build = None if self._throughput else _prefill_build(bundle, config, config.defer_prefill_graph)
+        prefill_build = None if self._throughput else prefill_session_build(bundle, config, config.defer_prefill_graph)
         # The session builds (prepacking the weights) on its own thread, without the GIL, while this one
         # parses the tokenizer.
         self.tokenizer = Tokenizer(bundle.tokenizer_path, facts.chat_template, facts.bos_token_id, facts.eos_token_ids)
@@ -390,19 +382,6 @@ class Engine:
         constraint = self.grammars.constraint(params.grammar) if params.grammar is not None else None
         sampler = SequenceSampler(params, request.prompt_token_ids, index, constraint)
         return SequenceState(group, index, sampler, output)
-
-
-def _prefill_build(bundle: Bundle, config: EngineConfig, background: bool) -> SessionBuild | None:
-    """The build of the bundle's prefill graph (if it has one and the engine runs on the CPU), started now beside
-    the decoder's, or in the `background` when the engine starts it."""
-    if not prefill_graph_usable(bundle, config):
-        return None
-    # A graph used at once gets its warm-up through the engine's bindings (`DecoderSession.warm_up`); one
-    # built in the background is warmed on its own thread, before the engine switches to it.
-    warm_up = WarmUp(bundle.manifest.model) if background else None
-    options = SessionOptions.for_engine(config)
-    path = graph_path(bundle, bundle.path / PREFILL_MODEL_FILE, config)
-    return SessionBuild(path, options, background=background, warm_up=warm_up, start=not background)
 
 
 def _settle(done: Future[T], work: Callable[[], T], stopping: bool) -> None:

@@ -37,14 +37,6 @@ def data_file(graph: Path) -> Path:
     return graph.with_name(graph.name + ".data")
 
 
-def bundle_graphs(bundle: Bundle) -> list[Path]:
-    """The decoder graphs of `bundle`: its model and, when it has one, its prefill graph."""
-    from runtime.engine.session import PREFILL_MODEL_FILE  # importing the session module loads onnxruntime
-
-    prefill = [bundle.path / PREFILL_MODEL_FILE] if PREFILL_MODEL_FILE in bundle.manifest.files else []
-    return [bundle.model_path, *prefill]
-
-
 def machine_key() -> dict[str, str]:
     """What the packed layout depends on besides the graph: the ONNX Runtime version and the CPU's features."""
     import onnxruntime as ort

@@ -5,199 +5,20 @@ The KV cache is never copied in or out: each cache tensor is bound as both `past
 preallocated array. A binding per row range of the KV pool is built once and reused, so a step only
 rebinds the two small integer inputs and the logits view.
 
-A bundle may carry a second graph for prompts, `prefill.onnx` (see packager/export/prefill.py): the
-same model with fp32 matmuls and logits for each row's last position only. Both sessions bind the same KV
-buffers, so a prompt prefilled by one is decoded by the other without a copy. In `throughput` mode
-(`EngineConfig.decode`) the prefill graph is the only session and decodes too.
+Prompts may run through a second session, the bundle's prefill graph (graphs.py). Both sessions bind the
+same KV buffers, so a prompt prefilled by one is decoded by the other without a copy.
 """
 
 from __future__ import annotations
 
-import atexit
-import threading
-import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 import onnxruntime as ort
 
-from runtime.bundle import Bundle, DecoderIO, ModelFacts
-from runtime.engine.background import lower_priority
-from runtime.engine.config import EngineConfig
-from runtime.engine.huge_pages import Interval, memory_map, subtract
-from runtime.engine.providers import plan_providers
-
-PREFILL_MODEL_FILE = "prefill.onnx"
-# Metadata of a prefill graph whose logits are each row's last prompt position (packager/export/prefill.py,
-# graph version 2 on): right-padded first chunks of several prompts may then share one run.
-ROW_LAST_POSITIONS = ("onnxfn.prefill_logits", "last position of each row")
-
-
-@dataclass(frozen=True)
-class SessionOptions:
-    threads: int = 2
-    providers: tuple[str, ...] = ("cpu",)
-    allow_spinning: bool = True
-
-    @classmethod
-    def for_engine(cls, config: EngineConfig) -> SessionOptions:
-        return cls(config.threads, config.providers, config.allow_spinning)
-
-
-def create_session(model_path: Path, options: SessionOptions) -> ort.InferenceSession:
-    """A session on the first available requested provider; TensorRT reuses its engine cache beside the bundle."""
-    plan = plan_providers(options.providers, ort.get_available_providers(), model_path.parent)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = options.threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if options.allow_spinning else "0")
-    # Spin-wait only inside a run: between decode steps the engine's Python work needs the cores, and the
-    # decode and prefill sessions' pools must not spin against each other. Without it a pool thread spins on
-    # for tens of ms after a run (~75 % of a 50 ms idle gap, measured here), and a second session starting
-    # 20 ms after the first one's last run decoded its next 32 tokens 3-4 % slower.
-    so.add_session_config_entry("session.force_spinning_stop", "1")
-    # Prepack the weights on the intra-op threads: session creation 343 -> 247 ms (decode graph), 590 -> 370 ms
-    # (prefill graph) on 2 cores; the packed weights are the same.
-    so.add_session_config_entry("session.prepack.enable_parallel", "1")
-    if plan.tensorrt_cache is not None:
-        plan.tensorrt_cache.directory.mkdir(parents=True, exist_ok=True)
-        model_path = plan.tensorrt_cache.model_to_load(model_path)
-    providers = list(zip(plan.names, plan.options, strict=True))
-    return ort.InferenceSession(str(model_path), sess_options=so, providers=providers)
-
-
-@dataclass(frozen=True)
-class WarmUp:
-    """A one-token forward with an empty past: runs every kernel once and writes no shared buffer."""
-
-    facts: ModelFacts
-
-    def feed(self) -> dict[str, np.ndarray]:
-        facts, io = self.facts, self.facts.io
-        empty = np.zeros((1, facts.num_kv_heads, 0, facts.head_dim), dtype=facts.kv_dtype)
-        feed = {io.input_ids: np.zeros((1, 1), np.int64), io.attention_mask: np.ones((1, 1), np.int64)}
-        return feed | {name % i: empty for i in range(facts.num_layers) for name in (io.past_key, io.past_value)}
-
-
-_building: set[Future[ort.InferenceSession]] = set()
-
-
-@atexit.register
-def _finish_builds() -> None:
-    """Let sessions still being built finish before the interpreter exits.
-
-    ONNX Runtime aborts a process that exits while it builds a session on another thread
-    ("terminate called without an active exception"), whichever way the process ends.
-    """
-    futures_wait(list(_building))
-
-
-def prefill_graph_usable(bundle: Bundle, config: EngineConfig) -> bool:
-    """The bundle carries a prefill graph and the engine may run it (on the CPU: it is built for it)."""
-    return config.prefill_graph and config.providers[:1] == ("cpu",) and PREFILL_MODEL_FILE in bundle.manifest.files
-
-
-def decodes_with_prefill_graph(bundle: Bundle, config: EngineConfig) -> bool:
-    """`throughput` mode with a usable prefill graph: that graph is the engine's one session."""
-    return config.decode == "throughput" and prefill_graph_usable(bundle, config)
-
-
-def decode_graph_path(bundle: Bundle, config: EngineConfig) -> Path:
-    """The graph decoding runs through: the prefill graph in `throughput` mode (when usable), else the bundle's."""
-    if decodes_with_prefill_graph(bundle, config):
-        return graph_path(bundle, bundle.path / PREFILL_MODEL_FILE, config)
-    return graph_path(bundle, bundle.model_path, config)
-
-
-def graph_path(bundle: Bundle, graph: Path, config: EngineConfig) -> Path:
-    """Where to load the bundle's `graph` from: its prepacked copy when one is configured and valid here."""
-    if config.prepacked is None or config.providers[:1] != ("cpu",):
-        return graph
-    from runtime.engine.prepacked import PrepackedGraphs
-
-    return PrepackedGraphs(config.prepacked).graph_for(bundle, graph)
-
-
-class SessionBuild:
-    """A session being created on a helper thread.
-
-    ONNX Runtime releases the GIL while it loads the graph and prepacks the weights (most of a cold
-    start), so whatever the caller does meanwhile (imports, parsing the tokenizer) comes for free.
-    """
-
-    def __init__(
-        self,
-        model_path: Path,
-        options: SessionOptions,
-        *,
-        background: bool = False,
-        warm_up: WarmUp | None = None,
-        start: bool = True,
-    ) -> None:
-        """`background`: build at a low CPU priority, so requests served meanwhile lose little time to it.
-
-        `warm_up`: a one-token forward run before the session is handed over (ONNX Runtime's first run
-        allocates and initialises), for a session that is not used at once: it costs this thread only.
-        `start`: begin now; otherwise at `start()`, or at `result()` at the latest.
-        """
-        self.started = time.monotonic()
-        self.finished: float | None = None
-        # The anonymous memory that appeared while the session was built (mostly its prepacked weights).
-        self.allocated: list[Interval] = []
-        self._done: Future[ort.InferenceSession] = Future()
-        self._args = (model_path, options, background, warm_up)
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        if start:
-            self.start()
-
-    def start(self) -> None:
-        """Begin building, once (later calls do nothing)."""
-        with self._lock:
-            if self._thread is not None:
-                return
-            self.started = time.monotonic()
-            _building.add(self._done)  # only builds that run: the exit waits for them
-            self._done.add_done_callback(_building.discard)
-            self._thread = threading.Thread(target=self._build, args=self._args, name="onnxfn-session", daemon=True)
-            self._thread.start()
-
-    def _build(self, model_path: Path, options: SessionOptions, background: bool, warm_up: WarmUp | None) -> None:
-        if background:
-            lower_priority()  # the session's pool threads, created here, inherit it
-        try:
-            before = memory_map()
-            session = create_session(model_path, options)
-            self.allocated = subtract(memory_map(), before)
-            if warm_up is not None:
-                session.run(None, warm_up.feed())
-        except BaseException as exc:  # raised again by `result()` on the waiting thread
-            self._done.set_exception(exc)
-            return
-        self.finished = time.monotonic()
-        self._done.set_result(session)
-
-    def result(self) -> ort.InferenceSession:
-        self.start()
-        return self._done.result()
-
-    @property
-    def done(self) -> bool:
-        return self._done.done()
-
-    def when_done(self, callback: Callable[[], None]) -> None:
-        """Call `callback` once the build has finished or failed (on the building thread, or here if it has)."""
-        self._done.add_done_callback(lambda _: callback())
-
-    @property
-    def duration(self) -> float:
-        return (self.finished or time.monotonic()) - self.started
+from runtime.bundle import DecoderIO
+from runtime.engine.graphs import ROW_LAST_POSITIONS
 
 
 class _Addresses(NamedTuple):

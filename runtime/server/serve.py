@@ -305,7 +305,8 @@ def start_engine(
         bundle = open_verified(bundle_dir)[0] if verify else open_bundle(bundle_dir, verify=False)
     # The session is the longest part of a start: begin it before anything else is imported.
     with TIMELINE.phase("imports_onnxruntime"):
-        from runtime.engine.session import SessionBuild, SessionOptions, decode_graph_path
+        from runtime.engine.graphs import decode_graph_path
+        from runtime.engine.session_build import SessionBuild, SessionOptions
     build = SessionBuild(decode_graph_path(bundle, config), SessionOptions.for_engine(config))
     with TIMELINE.phase("imports_engine"):
         from runtime.engine.engine import Engine

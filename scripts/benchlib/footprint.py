@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.bundle import open_bundle
-from runtime.engine.session import PREFILL_MODEL_FILE
+from runtime.engine.graphs import PREFILL_MODEL_FILE
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import pytest
 
 from runtime.bundle import Bundle
 from runtime.engine.providers import EP_CONTEXT_MODEL, ProviderUnavailableError, TensorRTCache, plan_providers
-from runtime.engine.session import SessionOptions, create_session
+from runtime.engine.session_build import SessionOptions, create_session
 
 GPU_BUILD = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
 

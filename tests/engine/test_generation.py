@@ -11,8 +11,8 @@ import pytest
 
 from runtime.bundle import Bundle
 from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.graphs import PREFILL_MODEL_FILE
 from runtime.engine.request import FinishReason, GenerationRequest, SamplingParams
-from runtime.engine.session import PREFILL_MODEL_FILE
 from runtime.engine.tokenizer import Tokenizer
 from tests.engine.conftest import chat_ids
 

@@ -14,9 +14,11 @@ from onnx import TensorProto, helper
 from packager.export.prefill import PREFILL_DATA_FILE, dequantize_nbits
 from runtime.bundle import Bundle, open_bundle
 from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.graphs import PREFILL_MODEL_FILE
 from runtime.engine.kv_cache import KVPool
 from runtime.engine.request import GenerationRequest, SamplingParams
-from runtime.engine.session import PREFILL_MODEL_FILE, DecoderSession, SessionOptions, create_session
+from runtime.engine.session import DecoderSession
+from runtime.engine.session_build import SessionOptions, create_session
 from runtime.engine.tokenizer import Tokenizer
 from tests.engine.conftest import chat_ids
 

@@ -15,9 +15,9 @@ import pytest
 
 from runtime.bundle import Bundle
 from runtime.engine.engine import Engine, EngineConfig
-from runtime.engine.prepacked import META_FILE, PrepackedGraphs, bundle_graphs, data_file
+from runtime.engine.graphs import PREFILL_MODEL_FILE, ROW_LAST_POSITIONS, bundle_graphs
+from runtime.engine.prepacked import META_FILE, PrepackedGraphs, data_file
 from runtime.engine.request import GenerationRequest, SamplingParams
-from runtime.engine.session import PREFILL_MODEL_FILE, ROW_LAST_POSITIONS
 from runtime.engine.tokenizer import Tokenizer
 from tests.engine.conftest import chat_ids
 
@@ -34,7 +34,7 @@ def prepacked(bundle: Bundle, tmp_path_factory: pytest.TempPathFactory) -> Itera
 SESSION_MEMORY = """
 import sys
 from pathlib import Path
-from runtime.engine.session import SessionOptions, create_session
+from runtime.engine.session_build import SessionOptions, create_session
 session = create_session(Path(sys.argv[1]), SessionOptions(threads=2))
 rollup = Path("/proc/self/smaps_rollup").read_text().splitlines()
 print(next(int(line.split()[1]) << 10 for line in rollup if line.startswith("Anonymous:")))

@@ -6,7 +6,8 @@ import numpy as np
 
 from runtime.bundle import Bundle
 from runtime.engine.kv_cache import KVPool
-from runtime.engine.session import DecoderSession, SessionOptions, create_session
+from runtime.engine.session import DecoderSession
+from runtime.engine.session_build import SessionOptions, create_session
 from runtime.engine.tokenizer import Tokenizer
 from tests.engine.conftest import chat_ids
 

@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from runtime.engine import session as session_module
-from runtime.engine.session import SessionBuild, SessionOptions
+from runtime.engine import session_build as session_module
+from runtime.engine.session_build import SessionBuild, SessionOptions
 
 
 def identity_model(path: Path) -> Path:

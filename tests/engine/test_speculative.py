@@ -17,10 +17,12 @@ import pytest
 from runtime.bundle import Bundle
 from runtime.engine.constraints import json_object_grammar
 from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.graphs import PREFILL_MODEL_FILE
 from runtime.engine.kv_cache import KVPool
 from runtime.engine.request import FinishReason, GenerationRequest, SamplingParams
 from runtime.engine.scheduler import SequenceState
-from runtime.engine.session import PREFILL_MODEL_FILE, DecoderSession, SessionOptions, create_session
+from runtime.engine.session import DecoderSession
+from runtime.engine.session_build import SessionOptions, create_session
 from runtime.engine.speculative import DraftState, PromptLookup, lookup_draft
 from runtime.engine.tokenizer import Tokenizer
 from tests.engine.conftest import chat_ids
