@@ -39,11 +39,16 @@ def decodes_with_prefill_graph(bundle: Bundle, config: EngineConfig) -> bool:
 def decode_graph_path(bundle: Bundle, config: EngineConfig) -> Path:
     """The graph decoding runs through: the prefill graph in `throughput` mode (when usable), else the bundle's."""
     if decodes_with_prefill_graph(bundle, config):
-        return graph_path(bundle, bundle.path / PREFILL_MODEL_FILE, config)
-    return graph_path(bundle, bundle.model_path, config)
+        return prefill_graph_path(bundle, config)
+    return _loaded_from(bundle, bundle.model_path, config)
 
 
-def graph_path(bundle: Bundle, graph: Path, config: EngineConfig) -> Path:
+def prefill_graph_path(bundle: Bundle, config: EngineConfig) -> Path:
+    """Where the bundle's prefill graph loads from."""
+    return _loaded_from(bundle, bundle.path / PREFILL_MODEL_FILE, config)
+
+
+def _loaded_from(bundle: Bundle, graph: Path, config: EngineConfig) -> Path:
     """Where to load the bundle's `graph` from: its prepacked copy when one is configured and valid here."""
     if config.prepacked is None or config.providers[:1] != ("cpu",):
         return graph

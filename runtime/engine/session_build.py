@@ -17,7 +17,7 @@ import onnxruntime as ort
 from runtime.bundle import Bundle, ModelFacts
 from runtime.engine.background import lower_priority
 from runtime.engine.config import EngineConfig
-from runtime.engine.graphs import PREFILL_MODEL_FILE, graph_path, prefill_graph_usable
+from runtime.engine.graphs import prefill_graph_path, prefill_graph_usable
 from runtime.engine.huge_pages import Interval, memory_map, subtract
 from runtime.engine.providers import plan_providers
 
@@ -167,5 +167,5 @@ def prefill_session_build(bundle: Bundle, config: EngineConfig, background: bool
     # built in the background is warmed on its own thread, before the engine switches to it.
     warm_up = WarmUp(bundle.manifest.model) if background else None
     options = SessionOptions.for_engine(config)
-    path = graph_path(bundle, bundle.path / PREFILL_MODEL_FILE, config)
+    path = prefill_graph_path(bundle, config)
     return SessionBuild(path, options, background=background, warm_up=warm_up, start=not background)
