@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from runtime.engine import session_build as session_module
+from runtime.engine import session_build
 from runtime.engine.session_build import SessionBuild, SessionOptions
 
 
@@ -29,7 +29,7 @@ def test_a_build_not_started_waits_for_start_and_holds_up_no_exit(tmp_path: Path
     time.sleep(0.2)
     assert not build.done
     # The exit waits for builds that run (ONNX Runtime aborts a process exiting mid-build); never for this one.
-    assert build._done not in session_module._building
+    assert build._done not in session_build._building
     build.start()
     build.start()  # once only
     session = build.result()
