@@ -1,8 +1,10 @@
 """results.json -> results.md: absolute numbers, each beside its ratio to onnxfn and a plain verdict.
 
 `onnxfn x` is how many times better onnxfn is on that figure (throughput: onnxfn / system; latency
-and memory: system / onnxfn). Below 1.00 onnxfn loses, and the verdict column says so. Server rows
-are compared with onnxfn over HTTP, in-process rows with the in-process engine.
+and memory: system / onnxfn). Below 1.00 onnxfn loses, and the verdict column says so, unless the
+section kept each round's figures and the 95 % interval of the round-by-round ratio holds 1.00: then
+the host's noise could have decided it either way, and the verdict is a tie. Server rows are compared
+with onnxfn over HTTP, in-process rows with the in-process engine.
 """
 
 from __future__ import annotations
@@ -51,7 +53,25 @@ def ratio(system: str, table: dict[str, dict[str, Any]], key: str, higher_is_bet
     if mine is None or base is None or not mine or not base:
         return "-", f"no {base_name} figure"
     times = base / mine if higher_is_better else mine / base
-    return f"{times:.2f}", ("onnxfn wins" if times >= 1.0 else f"**onnxfn loses** ({base_name})")
+    ratios = paired_ratios(table, system, key)
+    if ratios:
+        low, high = median_interval(ratios)
+        if low <= 1.0 <= high:
+            return f"{times:.2f}", f"tie ({low:.2f}-{high:.2f})"
+        wins = low > 1.0
+    else:
+        wins = times >= 1.0
+    return f"{times:.2f}", ("onnxfn wins" if wins else f"**onnxfn loses** ({base_name})")
+
+
+def paired_ratios(systems: dict[str, dict[str, Any]], system: str, key: str) -> list[float]:
+    """`system`'s `onnxfn x` round by round (sorted), from the samples both it and its baseline kept: each
+    round runs every system once, so a pair shares the host's state of that minute. Empty without samples."""
+    entry, base = systems.get(system, {}), systems.get(baseline_of(system), {})
+    if "samples" not in entry or "samples" not in base:
+        return []
+    pairs = zip(base["samples"], entry["samples"], strict=False)
+    return sorted(mine[key] / peer[key] for mine, peer in pairs if mine[key] and peer[key])
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -147,17 +167,14 @@ def render_rounds(lines: list[str]) -> str:
 
 
 def round_ratios(systems: dict[str, dict[str, Any]], key: str) -> str:
-    """Each peer's `onnxfn x` per round, from the samples both kept (the table's ratio is of the medians):
-    how far the host's noise moves a ratio within one run. The median of these paired ratios is the
-    estimate a drift of the host over the run moves least; its bootstrap interval says how sure it is."""
+    """Each peer's `onnxfn x` per round (the table's ratio is of the medians): how far the host's noise moves
+    a ratio within one run. The median of these paired ratios is the estimate a drift of the host over the
+    run moves least; its bootstrap interval says how sure it is, and decides a tie in the verdict column."""
     spans = []
-    for name, entry in systems.items():
-        base = systems.get(baseline_of(name), {})
-        if name == baseline_of(name) or name in VARIANTS or "samples" not in entry or "samples" not in base:
+    for name in systems:
+        if name == baseline_of(name) or name in VARIANTS:
             continue
-        pairs = zip(base["samples"], entry["samples"], strict=False)
-        ratios = sorted(mine[key] / peer[key] for mine, peer in pairs if mine[key] and peer[key])
-        if ratios:
+        if ratios := paired_ratios(systems, name, key):
             low, high = median_interval(ratios)
             middle = f"median {median(ratios):.2f}, 95 % interval {low:.2f}-{high:.2f}"
             spans.append(f"{name} {ratios[0]:.2f} to {ratios[-1]:.2f} ({middle})")

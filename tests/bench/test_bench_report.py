@@ -130,6 +130,27 @@ def test_round_ratios_pair_each_round_with_the_right_baseline() -> None:
     assert "round by round" not in text  # no samples kept: no line
 
 
+def test_the_verdict_is_a_tie_when_the_round_by_round_interval_holds_one() -> None:
+    def with_rounds(onnxfn: list[float], genai: list[float]) -> str:
+        results = decode_results(
+            onnxfn_tok_s=sorted(onnxfn)[len(onnxfn) // 2], genai_tok_s=sorted(genai)[len(genai) // 2]
+        )
+        systems = results["decode"]["systems"]
+        systems["onnxfn"]["samples"] = [{"tok_s": r} for r in onnxfn]
+        systems["genai"]["samples"] = [{"tok_s": r} for r in genai]
+        text = report.render_decode(results)
+        return next(line for line in text.splitlines() if line.startswith("| genai "))
+
+    # The medians say 0.96, but the rounds go either way: the row keeps its ratio and calls it a tie.
+    tie = with_rounds([96.0, 92.0, 110.0, 90.0, 104.0], [100.0, 104.0, 100.0, 97.0, 100.0])
+    assert "| 0.96 | tie (" in tie and "loses" not in tie
+    # Behind in every round: a loss, however small.
+    behind = with_rounds([99.0, 98.0, 99.5, 98.5, 99.0], [100.0, 100.0, 100.0, 100.0, 100.0])
+    assert "**onnxfn loses** (onnxfn)" in behind
+    ahead = with_rounds([101.0, 102.0, 101.5, 103.0, 101.0], [100.0, 100.0, 100.0, 100.0, 100.0])
+    assert "onnxfn wins" in ahead
+
+
 def test_the_median_interval_narrows_with_rounds_and_repeats_itself() -> None:
     few = [0.95, 1.04, 0.99, 1.06, 1.01]
     many = few * 6  # the same spread, six times the rounds
