@@ -277,7 +277,8 @@ def write_results(results: dict[str, Any], out: Path, contention: machine.Conten
     results["meta"]["duration_s"] = time.monotonic() - results["meta"]["monotonic_start"]
     results["meta"]["others_cpu_share"] = contention.others_share()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    # Unsorted: the systems keep the run's order, so report.render(results.json) reproduces results.md.
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(report.render(results))
 
 

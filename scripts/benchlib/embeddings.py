@@ -309,7 +309,7 @@ def main() -> int:
         return 0
     results = {"embeddings": measure(args.threads, quick=args.quick)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(render(results))
     print(render(results))
     return 0

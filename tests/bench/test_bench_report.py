@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -10,8 +12,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 from benchlib import report
+from benchlib.machine import ContentionMeter
 from benchlib.sections import decode_rate
 from benchlib.stats import median_interval, percentile
+
+import bench
 
 
 def test_percentile_interpolates_between_order_statistics() -> None:
@@ -161,3 +166,16 @@ def test_the_median_interval_narrows_with_rounds_and_repeats_itself() -> None:
     assert median_interval(many) == (low_many, high_many)  # seeded: a report renders the same twice
     # A peer ahead in every round: the interval lies wholly above 1.0.
     assert median_interval([1.02, 1.03, 1.05, 1.04, 1.06, 1.03, 1.02, 1.04])[0] > 1.0
+
+
+def test_the_written_json_renders_back_to_the_written_table(tmp_path: Path) -> None:
+    """results.md is report.render(results.json): a newer report can re-render an old run unchanged."""
+    results = json.loads((Path(__file__).resolve().parents[2] / "bench" / "results.json").read_text())
+    # In the run's order, not alphabetical: the baseline first, its peers after.
+    systems = results["decode"]["systems"]
+    results["decode"]["systems"] = {name: systems[name] for name in sorted(systems, key=lambda n: n != "onnxfn")}
+    results["meta"]["monotonic_start"] = time.monotonic()
+    bench.write_results(results, tmp_path, ContentionMeter())
+    written = (tmp_path / "results.md").read_text()
+    assert written.index("| onnxfn | ") < written.index("| genai | ")
+    assert report.render(json.loads((tmp_path / "results.json").read_text())) == written
