@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -276,10 +275,7 @@ def write_results(results: dict[str, Any], out: Path, contention: machine.Conten
     """Written after every section too, so a long run that dies still leaves what it measured."""
     results["meta"]["duration_s"] = time.monotonic() - results["meta"]["monotonic_start"]
     results["meta"]["others_cpu_share"] = contention.others_share()
-    out.mkdir(parents=True, exist_ok=True)
-    # Unsorted: the systems keep the run's order, so report.render(results.json) reproduces results.md.
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text(report.render(results))
+    report.save(results, out)
 
 
 def measure_memory(configs: list[SystemConfig], prompts: PromptFactory, plan: sections.Plan) -> dict[str, Any]:

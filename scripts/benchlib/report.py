@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 from benchlib import embeddings
@@ -364,3 +365,11 @@ def render(results: dict[str, Any]) -> str:
     parts = [render_header(results)]
     parts += [renderer(results) for key, renderer in RENDERERS if key in results]
     return "\n".join(parts)
+
+
+def save(results: dict[str, Any], out: Path) -> None:
+    """`out`/results.json and its rendering, `out`/results.md."""
+    out.mkdir(parents=True, exist_ok=True)
+    # Unsorted: the systems keep the run's order, so render(results.json) reproduces results.md.
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text(render(results))
