@@ -54,7 +54,7 @@ def ratio(system: str, table: dict[str, dict[str, Any]], key: str, higher_is_bet
     if mine is None or base is None or not mine or not base:
         return "-", f"no {base_name} figure"
     times = base / mine if higher_is_better else mine / base
-    ratios = paired_ratios(table, system, key)
+    ratios = paired_ratios(table, system, key, higher_is_better)
     if ratios:
         low, high = median_interval(ratios)
         if low <= 1.0 <= high:
@@ -65,14 +65,17 @@ def ratio(system: str, table: dict[str, dict[str, Any]], key: str, higher_is_bet
     return f"{times:.2f}", ("onnxfn wins" if wins else f"**onnxfn loses** ({base_name})")
 
 
-def paired_ratios(systems: dict[str, dict[str, Any]], system: str, key: str) -> list[float]:
+def paired_ratios(
+    systems: dict[str, dict[str, Any]], system: str, key: str, higher_is_better: bool = True
+) -> list[float]:
     """`system`'s `onnxfn x` round by round (sorted), from the samples both it and its baseline kept: each
-    round runs every system once, so a pair shares the host's state of that minute. Empty without samples."""
+    round runs every system once, so a pair shares the host's state of that minute. Empty without samples.
+    Oriented as the table's ratio: above 1.00 onnxfn is better, for a rate and for a time alike."""
     entry, base = systems.get(system, {}), systems.get(baseline_of(system), {})
     if "samples" not in entry or "samples" not in base:
         return []
-    pairs = zip(base["samples"], entry["samples"], strict=False)
-    return sorted(mine[key] / peer[key] for mine, peer in pairs if mine[key] and peer[key])
+    pairs = [(mine[key], peer[key]) for mine, peer in zip(base["samples"], entry["samples"], strict=False)]
+    return sorted(mine / peer if higher_is_better else peer / mine for mine, peer in pairs if mine and peer)
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

@@ -152,6 +152,18 @@ def test_the_verdict_is_a_tie_when_the_round_by_round_interval_holds_one() -> No
     assert "onnxfn wins" in ahead
 
 
+def test_a_time_kept_round_by_round_is_judged_the_way_its_ratio_reads() -> None:
+    """For a time, onnxfn is better when it is shorter: the paired rounds must say so as the ratio does."""
+    table = {
+        "onnxfn": {"total_s": 0.50, "samples": [{"total_s": t} for t in (0.50, 0.49, 0.51, 0.50, 0.50)]},
+        "genai": {"total_s": 0.75, "samples": [{"total_s": t} for t in (0.75, 0.74, 0.76, 0.75, 0.75)]},
+    }
+    assert report.ratio("genai", table, "total_s", higher_is_better=False) == ("1.50", "onnxfn wins")
+    assert report.paired_ratios(table, "genai", "total_s", higher_is_better=False)[0] > 1.0
+    table["onnxfn"], table["genai"] = table["genai"], table["onnxfn"]
+    assert report.ratio("genai", table, "total_s", higher_is_better=False) == ("0.67", "**onnxfn loses** (onnxfn)")
+
+
 def test_the_median_interval_narrows_with_rounds_and_repeats_itself() -> None:
     few = [0.95, 1.04, 0.99, 1.06, 1.01]
     many = few * 6  # the same spread, six times the rounds
