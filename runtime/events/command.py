@@ -41,9 +41,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from runtime.bundle import BundleError
-    from runtime.events.loading import aws_client, load_handler
+    from runtime.events.loading import aws_client, begin_handler
     from runtime.events.results import Ledger
-    from runtime.events.worker import Worker, WorkerConfig
 
     if args.ledger:
         try:
@@ -53,7 +52,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
     started = time.perf_counter()
     try:
-        handler = load_handler(args.bundle, args)
+        pending = begin_handler(args.bundle, args)
+        from runtime.events.worker import Worker, WorkerConfig  # imported while the model loads
+
+        handler = pending.finish()
     except BundleError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -17,7 +17,6 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.events.handler import QueueHandler
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
 
     from runtime.engine.engine import Engine
+    from runtime.events.loading import PendingHandler
     from runtime.server.state import ServerState
 
 log = logging.getLogger("runtime.events")
@@ -43,17 +43,17 @@ class LambdaFunction:
     loop: InvocationLoop
 
     @classmethod
-    def load(cls, bundle: Path, args: argparse.Namespace) -> LambdaFunction:
+    def load(cls, pending: PendingHandler) -> LambdaFunction:
+        """The function around `pending`'s handler; this module and mangum were imported while its model loaded."""
         from mangum import Mangum
 
-        from runtime.events.loading import load_handler
         from runtime.startup import TIMELINE
 
-        queue = load_handler(bundle, args)
+        queue = pending.finish()
         app = http_app(queue.state)
         loop = InvocationLoop()
         loop.enter()  # Mangum binds to the thread's current loop when it is created
-        function = cls(args, queue, app, Mangum(app, lifespan="off"), loop)
+        function = cls(pending.args, queue, app, Mangum(app, lifespan="off"), loop)
         log.info("%s", TIMELINE.log_line())
         return function
 

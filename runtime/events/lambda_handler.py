@@ -20,12 +20,13 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from runtime.events import snapstart
-from runtime.events.lambda_function import LambdaFunction
-from runtime.events.loading import FLAGS_ENV, add_aws_arguments, environment_flags
-from runtime.events.sqs_batch import is_sqs_batch
+from runtime.events.loading import FLAGS_ENV, add_aws_arguments, begin_handler, environment_flags
+
+if TYPE_CHECKING:
+    from runtime.events.lambda_function import LambdaFunction
 
 BUNDLE_ENV = "ONNXFN_BUNDLE"
 LOG_LEVEL_ENV = "AWS_LAMBDA_LOG_LEVEL"  # the function's log level, when its logging configuration sets one
@@ -39,6 +40,8 @@ _function: LambdaFunction | None = None
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     function = loaded_function()
+    from runtime.events.sqs_batch import is_sqs_batch  # loaded with the function (see `loaded_function`)
+
     if is_sqs_batch(event):
         return function.sqs_batch(event["Records"], time_left=_time_left(context))
     if function.handles_http(event, context):
@@ -57,7 +60,12 @@ def loaded_function() -> LambdaFunction:
         if LOG_LEVEL_ENV not in os.environ:  # awslambdaric leaves the root at WARNING: keep the start-up timeline
             logging.getLogger("runtime").setLevel(logging.INFO)
         args = lambda_arguments(environment_flags())
-        _function = LambdaFunction.load(Path(os.environ.get(BUNDLE_ENV, DEFAULT_BUNDLE)), args)
+        pending = begin_handler(Path(os.environ.get(BUNDLE_ENV, DEFAULT_BUNDLE)), args)
+        # The HTTP and queue stack imports (~0.2 s) while the model's session builds: this module imports
+        # none of it, so that the build begins first.
+        from runtime.events.lambda_function import LambdaFunction
+
+        _function = LambdaFunction.load(pending)
     return _function
 
 

@@ -12,10 +12,15 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from runtime.bundle import Manifest
+    from runtime.engine.engine import Engine
     from runtime.events.handler import QueueHandler
     from runtime.events.results import ResultStore
 
@@ -56,27 +61,40 @@ def result_store(args: argparse.Namespace) -> ResultStore:
     return ResultStore(aws_client("s3", args), aws_client("sqs", args), ledger)
 
 
-def load_handler(bundle: Path, args: argparse.Namespace) -> QueueHandler:
-    """Open the bundle, start its engine and return the handler every queue frontend runs messages through."""
+@dataclass
+class PendingHandler:
+    """A queue handler whose model is loading on a helper thread (see `begin_handler`)."""
+
+    args: argparse.Namespace
+    manifest: Manifest
+    model: Future[Engine]
+
+    def finish(self) -> QueueHandler:
+        """The handler: its state and AWS clients are built while the model loads, then the model is waited for."""
+        from runtime.events.handler import QueueHandler
+        from runtime.server.serve import fingerprint, request_policy
+        from runtime.server.state import ServerSettings, ServerState
+        from runtime.startup import TIMELINE
+
+        policy = request_policy(self.args, self.manifest)
+        state = ServerState(ServerSettings(policy=policy, fingerprint=fingerprint(self.manifest)))
+        with TIMELINE.phase("aws_clients"):
+            results = result_store(self.args)
+        state.engine = self.model.result()
+        return QueueHandler(state, results)
+
+
+def begin_handler(bundle: Path, args: argparse.Namespace) -> PendingHandler:
+    """Start loading `bundle`'s model on a helper thread; return once its session has begun building.
+
+    ONNX Runtime builds the session without the GIL, so whatever the caller imports and builds before
+    `finish` (the handler stack, mangum, boto3 and its clients: ~0.4 s of a Lambda init) overlaps the
+    build instead of coming before it.
+    """
     from runtime.bundle import read_manifest
-    from runtime.events.handler import QueueHandler
-    from runtime.server.serve import encoder_config, engine_config, fingerprint, request_policy, start_engine
-    from runtime.server.state import ServerSettings, ServerState
+    from runtime.server.serve import load_in_background, load_model, wait_for_session_start
 
     manifest = read_manifest(bundle)
-    state = ServerState(ServerSettings(policy=request_policy(args, manifest), fingerprint=fingerprint(manifest)))
-    results = result_store(args)
-    if manifest.encoder is not None:  # an embedding or classification bundle
-        from runtime.encoder.engine import start_encoder
-
-        encoder = start_encoder(bundle, encoder_config(args), verify=not args.no_verify)
-        state.engine = encoder  # type: ignore[assignment]  # the handlers need only stats() and shutdown() of either
-    else:
-        state.engine = start_engine(
-            bundle,
-            engine_config(args),
-            verify=not args.no_verify,
-            system_prompt=args.system_prompt,
-            use_snapshot=not args.no_snapshot,
-        )
-    return QueueHandler(state, results)
+    model = load_in_background(lambda: load_model(bundle, manifest, args))
+    wait_for_session_start()
+    return PendingHandler(args, manifest, model)

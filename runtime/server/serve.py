@@ -40,7 +40,8 @@ log = logging.getLogger("runtime.server")
 # Flags that map one-to-one onto EngineConfig fields (unset flags keep EngineConfig's defaults).
 _ENGINE_FLAGS = ("max_batch", "max_queue", "prefill_chunk", "max_context", "threads")
 _PROBE_PATHS = ("/health", "/ready", "/metrics")
-SESSION_START_WAIT = 1.0  # seconds the HTTP stack waits for the session build to start (more: hashing)
+SESSION_START_WAIT = 1.0  # seconds a frontend waits for the session build to start (more: hashing)
+SESSION_IMPORTS = "imports_onnxruntime"  # the start-up phase whose end the session build follows at once
 
 
 def register(subparsers: Any) -> None:
@@ -129,11 +130,17 @@ def run(args: argparse.Namespace) -> int:
         return 1
     args.port = listener.getsockname()[1]
     model_name = args.model_name or manifest.function
-    load = load_encoder if manifest.encoder is not None else load_engine
-    loading = _in_background(lambda: load(args, model_name))
-    # Imports hold the GIL: let the loader import onnxruntime and start the session (which runs without
-    # the GIL) first; the HTTP stack then imports while the session builds.
-    TIMELINE.wait_for("imports_onnxruntime", timeout=SESSION_START_WAIT)
+
+    def load() -> Engine:
+        engine = load_model(args.bundle, manifest, args)
+        served = model_name if manifest.encoder is None else f"{manifest.task} of {model_name}"
+        elapsed = time.monotonic() - RUNTIME_IMPORTED
+        log.info("serving %s on http://%s:%d (%.2f s after start)", served, args.host, args.port, elapsed)
+        log.info("%s", TIMELINE.log_line())
+        return engine
+
+    loading = load_in_background(load)
+    wait_for_session_start()  # the HTTP stack imports while the session builds
     with TIMELINE.phase("imports_server"):
         import uvicorn
 
@@ -188,8 +195,8 @@ def _resumed_from_process_snapshot(args: argparse.Namespace, app: Any, stop_serv
     after_restore(refresh)
 
 
-def _in_background(load: Callable[[], Engine]) -> Future[Engine]:
-    """Start `load` on a daemon thread now; the app's lifespan waits on the future."""
+def load_in_background(load: Callable[[], Engine]) -> Future[Engine]:
+    """Start `load` on a daemon thread now; whoever needs the engine waits on the future."""
     future: Future[Engine] = Future()
 
     def work() -> None:
@@ -200,6 +207,15 @@ def _in_background(load: Callable[[], Engine]) -> Future[Engine]:
 
     threading.Thread(target=work, name="onnxfn-engine-loader", daemon=True).start()
     return future
+
+
+def wait_for_session_start() -> None:
+    """Return once a loader thread has imported onnxruntime and begun its session (or after `SESSION_START_WAIT`).
+
+    Imports hold the GIL, and ONNX Runtime builds a session without it: a caller that waits for the build to
+    begin before importing anything else has its imports overlap the build instead of delaying its start.
+    """
+    TIMELINE.wait_for(SESSION_IMPORTS, timeout=SESSION_START_WAIT)
 
 
 def request_policy(args: argparse.Namespace, manifest: Manifest) -> RequestPolicy:
@@ -253,13 +269,22 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(**overrides)
 
 
-def load_encoder(args: argparse.Namespace, model_name: str) -> Engine:
-    """An embedding or classification bundle's engine; `--max-batch` caps the rows per forward."""
-    from runtime.encoder.engine import start_encoder
+def load_model(bundle: Path, manifest: Manifest, args: argparse.Namespace) -> Engine:
+    """The engine `bundle` needs, set by `add_model_arguments`' flags: an encoder for an embedding or
+    classification bundle (`--max-batch` caps its rows per forward), the generation engine otherwise."""
+    if manifest.encoder is None:
+        return start_engine(
+            bundle,
+            engine_config(args),
+            verify=not args.no_verify,
+            system_prompt=args.system_prompt,
+            use_snapshot=not args.no_snapshot,
+        )
+    with TIMELINE.phase(SESSION_IMPORTS):  # the encoder's module imports onnxruntime; its session follows
+        from runtime.encoder.engine import start_encoder
 
-    engine = start_encoder(args.bundle, encoder_config(args), verify=not args.no_verify)
-    log.info("serving %s of %s on http://%s:%d", engine.task, model_name, args.host, args.port)
-    return engine  # type: ignore[return-value]  # the server needs only stats() and shutdown() of either engine
+    encoder = start_encoder(bundle, encoder_config(args), verify=not args.no_verify)
+    return encoder  # type: ignore[return-value]  # its frontends need only stats() and shutdown() of either engine
 
 
 def encoder_config(args: argparse.Namespace) -> EncoderConfig:
@@ -269,20 +294,6 @@ def encoder_config(args: argparse.Namespace) -> EncoderConfig:
     providers = tuple(p.strip() for p in args.providers.split(",") if p.strip()) if args.providers else None
     flags = {"threads": args.threads, "max_rows": args.max_batch, "max_queue": args.max_queue, "providers": providers}
     return EncoderConfig(**{k: v for k, v in flags.items() if v})
-
-
-def load_engine(args: argparse.Namespace, model_name: str) -> Engine:
-    engine = start_engine(
-        args.bundle,
-        engine_config(args),
-        verify=not args.no_verify,
-        system_prompt=args.system_prompt,
-        use_snapshot=not args.no_snapshot,
-    )
-    elapsed = time.monotonic() - RUNTIME_IMPORTED
-    log.info("serving %s on http://%s:%d (%.2f s after start)", model_name, args.host, args.port, elapsed)
-    log.info("%s", TIMELINE.log_line())
-    return engine
 
 
 def start_engine(
@@ -304,7 +315,7 @@ def start_engine(
 
         bundle = open_verified(bundle_dir)[0] if verify else open_bundle(bundle_dir, verify=False)
     # The session is the longest part of a start: begin it before anything else is imported.
-    with TIMELINE.phase("imports_onnxruntime"):
+    with TIMELINE.phase(SESSION_IMPORTS):
         from runtime.engine.graphs import decode_graph_path
         from runtime.engine.session_build import SessionBuild, SessionOptions
     build = SessionBuild(decode_graph_path(bundle, config), SessionOptions.for_engine(config))
