@@ -26,7 +26,7 @@ def test_pkg_invoke_queue_waits_for_the_result(
 ) -> None:
     queues = make_queues(moto_server)
     with worker_process(demo_bundle, queues, aws_env, tmp_path) as worker:
-        worker.wait_ready()
+        worker.wait_warm()  # the two greedy answers below must come from one prefill graph
         replied = pkg(aws_env, "What is 2 + 2?", "--queue", queues.url, "--max-tokens", "6")
         assert replied.returncode == 0, replied.stderr + worker.log()[-2000:]
         assert replied.stdout.strip()

@@ -28,6 +28,19 @@ class WorkerProcess:
             lambda: "worker ready" in self.log(), timeout, lambda: f"the worker did not start:\n{self.log()[-3000:]}"
         )
 
+    def wait_warm(self, timeout: float = 60) -> None:
+        """Ready, and prompts run through the bundle's prefill graph, which the engine loads after it is ready.
+
+        Until then a prompt is prefilled by the int8 decode graph, whose logits round differently: two greedy
+        requests compare equal only when both ran on the same side of that switch.
+        """
+        self.wait_ready(timeout)
+        wait_for(
+            lambda: "prefill graph in use" in self.log(),
+            timeout,
+            lambda: f"the worker never switched to the prefill graph:\n{self.log()[-3000:]}",
+        )
+
     def signal(self, number: int) -> None:
         self.process.send_signal(number)
 
