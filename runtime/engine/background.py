@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, TypeVar
 
 from runtime.engine.huge_pages import CollapseReport, Interval, collapse, release_free_heap
+from runtime.threads import in_thread
 
 if TYPE_CHECKING:  # session_build.py imports this module
     from runtime.engine.session_build import SessionBuild
@@ -39,17 +40,12 @@ def lower_priority() -> None:
 
 def run_in_background(work: Callable[[], T], name: str) -> Future[T]:
     """Run `work` on a daemon thread at the background priority; its result or exception lands in the future."""
-    done: Future[T] = Future()
 
-    def run() -> None:
+    def lowered() -> T:
         lower_priority()
-        try:
-            done.set_result(work())
-        except BaseException as exc:  # handed to whoever waits on the future
-            done.set_exception(exc)
+        return work()
 
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return done
+    return in_thread(lowered, name)
 
 
 class Idleness:

@@ -92,9 +92,10 @@ def begin_handler(bundle: Path, args: argparse.Namespace) -> PendingHandler:
     build instead of coming before it.
     """
     from runtime.bundle import read_manifest
-    from runtime.server.serve import load_in_background, load_model, wait_for_session_start
+    from runtime.server.serve import load_model, wait_for_session_start
+    from runtime.threads import in_thread
 
     manifest = read_manifest(bundle)
-    model = load_in_background(lambda: load_model(bundle, manifest, args))
+    model = in_thread(lambda: load_model(bundle, manifest, args), "onnxfn-engine-loader")
     wait_for_session_start()
     return PendingHandler(args, manifest, model)

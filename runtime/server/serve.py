@@ -18,14 +18,13 @@ import logging
 import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.startup import RUNTIME_IMPORTED, TIMELINE
+from runtime.threads import in_thread
 
 if TYPE_CHECKING:
     from runtime.bundle import Manifest
@@ -139,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("%s", TIMELINE.log_line())
         return engine
 
-    loading = load_in_background(load)
+    loading = in_thread(load, "onnxfn-engine-loader")
     wait_for_session_start()  # the HTTP stack imports while the session builds
     with TIMELINE.phase("imports_server"):
         import uvicorn
@@ -193,20 +192,6 @@ def _resumed_from_process_snapshot(args: argparse.Namespace, app: Any, stop_serv
             stop_server()
 
     after_restore(refresh)
-
-
-def load_in_background(load: Callable[[], Engine]) -> Future[Engine]:
-    """Start `load` on a daemon thread now; whoever needs the engine waits on the future."""
-    future: Future[Engine] = Future()
-
-    def work() -> None:
-        try:
-            future.set_result(load())
-        except BaseException as exc:  # re-raised where the app reads the result, which reports it
-            future.set_exception(exc)
-
-    threading.Thread(target=work, name="onnxfn-engine-loader", daemon=True).start()
-    return future
 
 
 def wait_for_session_start() -> None:
