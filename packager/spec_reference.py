@@ -67,7 +67,10 @@ KEY_DOCS: dict[str, str] = {
     "runtime.max_queue": "Requests waiting for a slot before new ones get HTTP 429 with `Retry-After`.",
     "runtime.kv_memory_mb": "Memory budget of the KV cache; admission never exceeds it.",
     "runtime.prefix_cache_mb": "Memory budget of the prefix cache (KV of shared prompt prefixes, LRU).",
-    "runtime.prefill_chunk": "Prompt tokens prefilled per engine step, so running streams keep producing tokens.",
+    "runtime.prefill_chunk": (
+        "Prompt tokens one engine step prefills per prompt (a chunk), so running streams keep producing tokens: "
+        "a step takes one chunk while many streams run, one per prompt when more prompts wait than streams run."
+    ),
     "runtime.threads": "ONNX Runtime intra-op threads.",
     "runtime.decode": (
         "`latency`: the int8 graph decodes, the fastest single stream. `throughput`: the prefill graph (fp32 "

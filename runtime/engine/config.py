@@ -13,7 +13,7 @@ class EngineConfig:
     max_queue: int = 64
     kv_memory_bytes: int = 512 << 20
     prefix_cache_bytes: int = 128 << 20
-    prefill_chunk: int = 64
+    prefill_chunk: int = 64  # prompt tokens per chunk; how many chunks a step takes: `scheduler.prefill_budget`
     max_context: int | None = None  # None = manifest context_length, clamped by the KV budget
     threads: int = 2
     providers: tuple[str, ...] = ("cpu",)
