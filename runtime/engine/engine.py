@@ -159,7 +159,7 @@ class Engine:
         merged: dict[int, list[SequenceOutput]] = {}
         for output in self.submit(request, prompt_param=prompt_param):
             merged.setdefault(output.index, []).append(output)
-        return [_merge(merged[i]) for i in sorted(merged)]
+        return [SequenceOutput.joined(merged[i]) for i in sorted(merged)]
 
     # Prefix KV: what a system prompt snapshot holds.
     def compute_prefix(self, token_ids: Sequence[int]) -> np.ndarray:
@@ -392,17 +392,3 @@ def _settle(done: Future[T], work: Callable[[], T], stopping: bool) -> None:
         done.set_result(work())
     except BaseException as exc:  # handed to the waiting caller, who re-raises it
         done.set_exception(exc)
-
-
-def _merge(outputs: list[SequenceOutput]) -> SequenceOutput:
-    last = outputs[-1]
-    return SequenceOutput(
-        request_id=last.request_id,
-        index=last.index,
-        token_ids=tuple(t for o in outputs for t in o.token_ids),
-        text="".join(o.text for o in outputs),
-        logprobs=tuple(lp for o in outputs for lp in o.logprobs),
-        finish_reason=last.finish_reason,
-        prompt_tokens=last.prompt_tokens,
-        completion_tokens=last.completion_tokens,
-    )

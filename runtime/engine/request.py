@@ -6,6 +6,7 @@ they never see the scheduler, the KV cache or ONNX Runtime.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -70,6 +71,21 @@ class SequenceOutput:
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+    @staticmethod
+    def joined(outputs: Sequence[SequenceOutput]) -> SequenceOutput:
+        """One sequence's outputs, in order, as the single output of a request run to completion."""
+        last = outputs[-1]
+        return SequenceOutput(
+            request_id=last.request_id,
+            index=last.index,
+            token_ids=tuple(t for o in outputs for t in o.token_ids),
+            text="".join(o.text for o in outputs),
+            logprobs=tuple(lp for o in outputs for lp in o.logprobs),
+            finish_reason=last.finish_reason,
+            prompt_tokens=last.prompt_tokens,
+            completion_tokens=last.completion_tokens,
+        )
 
 
 class EngineError(Exception):
