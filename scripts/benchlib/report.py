@@ -54,9 +54,8 @@ def ratio(system: str, table: dict[str, dict[str, Any]], key: str, higher_is_bet
     if mine is None or base is None or not mine or not base:
         return "-", f"no {base_name} figure"
     times = base / mine if higher_is_better else mine / base
-    ratios = paired_ratios(table, system, key, higher_is_better)
-    if ratios:
-        low, high = median_interval(ratios)
+    if paired := paired_interval(table, system, key, higher_is_better):
+        _, low, high = paired
         if low <= 1.0 <= high:
             return f"{times:.2f}", f"tie ({low:.2f}-{high:.2f})"
         wins = low > 1.0
@@ -76,6 +75,14 @@ def paired_ratios(
         return []
     pairs = [(mine[key], peer[key]) for mine, peer in zip(base["samples"], entry["samples"], strict=False)]
     return sorted(mine / peer if higher_is_better else peer / mine for mine, peer in pairs if mine and peer)
+
+
+def paired_interval(
+    systems: dict[str, dict[str, Any]], system: str, key: str, higher_is_better: bool = True
+) -> tuple[list[float], float, float] | None:
+    """`paired_ratios` with the bootstrap 95 % interval of their median; None without samples."""
+    ratios = paired_ratios(systems, system, key, higher_is_better)
+    return (ratios, *median_interval(ratios)) if ratios else None
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -178,8 +185,8 @@ def round_ratios(systems: dict[str, dict[str, Any]], key: str) -> str:
     for name in systems:
         if name == baseline_of(name) or name in VARIANTS:
             continue
-        if ratios := paired_ratios(systems, name, key):
-            low, high = median_interval(ratios)
+        if paired := paired_interval(systems, name, key):
+            ratios, low, high = paired
             middle = f"median {median(ratios):.2f}, 95 % interval {low:.2f}-{high:.2f}"
             spans.append(f"{name} {ratios[0]:.2f} to {ratios[-1]:.2f} ({middle})")
     return ", ".join(spans)
