@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, TypeVar
 
-from runtime.engine.huge_pages import CollapseReport, Interval, collapse, merged, release_free_heap
+from runtime.engine.huge_pages import CollapseReport, collapse, merged, release_free_heap
 from runtime.threads import in_thread
 
 if TYPE_CHECKING:  # session_build.py imports this module
@@ -93,16 +93,16 @@ class StartupWork:
     def __init__(
         self,
         prefill: SessionBuild | None,
-        weights: Sequence[Interval],
+        built: Sequence[SessionBuild],
         huge_pages: bool,
         idleness: Idleness,
         wake: Callable[[], None],
     ) -> None:
-        """`weights`: the memory the sessions built so far added; a deferred prefill graph's is added once in use.
-        `wake` is called once the prefill graph is built: an idle loop must wake to switch to it."""
+        """`built`: the builds of the sessions in use (a deferred prefill graph's joins once taken); the memory
+        they added is what moves to huge pages. `wake` is called once the prefill graph is built: an idle
+        loop must wake to switch to it."""
         self._prefill = prefill
-        self._taken: SessionBuild | None = None
-        self._weights = list(weights)
+        self._builds = list(built)
         self._huge_pages_on = huge_pages
         self._idleness = idleness
         self.huge_pages: Future[CollapseReport] | None = None
@@ -133,13 +133,11 @@ class StartupWork:
         if build is None or not (wait or build.done):
             return None
         self._prefill = None
-        self._taken = build
+        self._builds.append(build)
         return build
 
     def prefill_switched(self) -> None:
         """Every session is built: hand back what the build freed, then move the graphs' weights."""
-        if self._taken is not None and self._taken.done:
-            self._weights = merged([*self._weights, *self._taken.allocated])
         release_free_heap()
         self._move_to_huge_pages()
 
@@ -149,10 +147,12 @@ class StartupWork:
 
     def _move_to_huge_pages(self) -> None:
         if self._huge_pages_on:
+            # Builds that ran at the same time each saw some of the other's memory appear.
+            weights = merged([interval for build in self._builds for interval in build.allocated])
             # Preferably while no request runs: moving pages stalls the engine's page faults (measured: a
             # first request's TTFT 130 -> 294 ms when it ran beside the collapse). A loop never idle gets a
             # chunk (~10 ms of stalls at most) every `PATIENCE_S`.
             self.huge_pages = run_in_background(
-                lambda: collapse(self._weights, before_each=self._idleness.wait_quiet), "onnxfn-huge-pages"
+                lambda: collapse(weights, before_each=self._idleness.wait_quiet), "onnxfn-huge-pages"
             )
             self.huge_pages.add_done_callback(lambda done: log.info(done.result().describe()))

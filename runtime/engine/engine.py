@@ -27,7 +27,7 @@ from runtime.engine.background import Idleness, StartupWork
 from runtime.engine.config import EngineConfig
 from runtime.engine.constraints import Grammars
 from runtime.engine.graphs import decode_graph_path, decodes_with_prefill_graph
-from runtime.engine.huge_pages import CollapseReport, merged
+from runtime.engine.huge_pages import CollapseReport
 from runtime.engine.kv_cache import KVPool, PrefixCache, context_for_budget
 from runtime.engine.output import OutputProcessor
 from runtime.engine.providers import short_name
@@ -102,8 +102,8 @@ class Engine:
         self.load_times = LoadTimes(session_s, tokenizer_s, time.perf_counter() - started)
         # Deferred, the prefill graph goes on building while the engine serves (see `_use_prefill_graph`).
         deferred = prefill_build if config.defer_prefill_graph else None
-        weights = merged([*build.allocated, *(prefill_build.allocated if prefill_session is not None else ())])
-        self._startup = StartupWork(deferred, weights, config.huge_pages, self._idleness, self._wake)
+        in_use = [b for b in (build, prefill_build) if b is not None and b is not deferred]
+        self._startup = StartupWork(deferred, in_use, config.huge_pages, self._idleness, self._wake)
         self._set_kv_reuse()
 
     # Lifecycle.
