@@ -23,7 +23,7 @@ from runtime.engine.config import EngineConfig
 from runtime.engine.engine import Engine
 from runtime.snapshot import SNAPSHOT_DIR, SNAPSHOT_FORMAT, PrefixSnapshot, SnapshotInfo, system_prompt_prefixes
 
-SNAPSHOT_VERSION = 2  # bump when what the snapshot holds changes, to rebuild bundles
+SNAPSHOT_VERSION = 3  # bump when what the snapshot holds changes, to rebuild bundles
 SNAPSHOT_PROVIDER = "cpu"  # the KV is computed here, on the CPU: a GPU-first function gets no snapshot
 
 
@@ -69,6 +69,7 @@ def add_snapshot(bundle_dir: Path, manifest: Manifest, spec: FunctionSpec) -> Ma
         format=SNAPSHOT_FORMAT,
         onnxruntime=onnxruntime.__version__,
         providers=(SNAPSHOT_PROVIDER,),
+        prompt_graph=engine.prompt_graph_file,
         model_sha256=model.sha256,
         kv_dtype=facts.kv_dtype,
         prefixes=tuple(entries),

@@ -85,6 +85,7 @@ class RuntimeSection:
     threads: int = bounded(2, lo=1, hi=256)
     spin: bool = True
     decode: str = choice("latency", "throughput", default="latency")
+    prefill_matmuls: str = choice("auto", "fp32", "quantized", default="auto")
     providers: list[str] = field(
         default_factory=lambda: ["cpu"], metadata={"item_choices": ("cpu", "cuda", "tensorrt")}
     )

@@ -40,14 +40,15 @@ KEY_DOCS: dict[str, str] = {
     "export.block_size": "Quantization block size of MatMulNBits weights (smaller = more accurate, larger file).",
     "export.accuracy_level": "MatMulNBits compute type: 1 fp32, 2 fp16, 3 bf16, 4 int8 activations.",
     "export.max_context": "Longest sequence (prompt + completion) the graph and the KV cache are built for.",
-    "export.prefill_graph": "Generative models on the CPU: also write `prefill.onnx`, the graph prompts run "
-    "through (fp32 matmuls on the dequantized weights, logits of each prompt's last position only): "
-    "~2.5x faster prefill and time to first token, for a bundle and resident memory larger by the fp32 copy "
-    "of the weights "
-    "(demo: 267 → 692 MB on disk, ~320 → ~770 MB RSS). Set false where memory or image size matter more "
-    "(small Lambda functions). Replies can differ slightly: the prompt's KV then comes from fp32 activations. "
-    "A server is ready before this graph has loaded (~0.4 s later, at low CPU priority); prompts that arrive "
-    "meanwhile run through the decode graph and are not prefix-cached.",
+    "export.prefill_graph": "Generative models on the CPU: also write the graphs prompts run through (logits of "
+    "each prompt's last position only, the same weights): `prefill.onnx` with fp32 matmuls on the dequantized "
+    "weights, ~2.5x faster prefill and time to first token on CPUs without int8 dot products (AVX2), for a bundle "
+    "larger by the fp32 copy of the weights (demo: 267 → 692 MB on disk, ~320 → ~770 MB RSS where it runs); "
+    "and, for a quantized model, `prefill-quantized.onnx` with the model's own matmuls and no weights of its own, "
+    "the faster one on CPUs with int8 dot products (see `runtime.prefill_matmuls`). Set false where image size "
+    "matters more (small Lambda functions). Replies can differ slightly from those without: the prompt's KV then "
+    "comes from the prefill graph. A server is ready before this graph has loaded (at low CPU priority); prompts "
+    "that arrive meanwhile run through the decode graph and are not prefix-cached.",
     "export.quality": "The quality budget a quantized candidate must meet against the fp32 reference.",
     "export.quality.min_top1_agreement": "Share of teacher-forced positions whose top-1 token equals fp32's; "
     "for classifiers, share of the fixed sentences (alone and batched) whose top label equals fp32's.",
@@ -78,6 +79,13 @@ KEY_DOCS: dict[str, str] = {
         "without int8 dot products (measured on AVX2: 38 against 60 tok/s alone, 134 against 88 over 8 streams). "
         "With them (AVX-512 VNNI) `latency` is faster at every batch size (132 against 56 alone, 369 against 274). "
         "Greedy outputs differ between the modes; within one, they do not depend on the batch."
+    ),
+    "runtime.prefill_matmuls": (
+        "Which prefill graph prompts run through (both are in a quantized CPU bundle): `quantized`, the model's "
+        "own matmuls, or `fp32`, the same weights dequantized. `auto`: `quantized` on a CPU with int8 dot "
+        "products (AVX-512 VNNI, AVX-VNNI), where it prefills 1.2-1.3x faster and keeps no fp32 copy of the "
+        "weights in memory; `fp32` elsewhere (2.6x faster than int8 matmuls on AVX2). `decode = throughput` "
+        "always uses `fp32`."
     ),
     "runtime.spin": (
         "ONNX Runtime's threads spin-wait between the operators of one forward pass (never after it): "

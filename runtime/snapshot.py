@@ -3,13 +3,15 @@
 Today it holds the KV cache of the function's system prompt, twice: its block alone, and with the opening
 of the user turn that follows it in every chat (`system_prompt_prefixes`). Computed by this runtime's engine
 at build time and restored into the prefix cache at start, so the first request that uses the system prompt
-prefills only the user's own words. KV values depend on the ONNX Runtime version
-and the execution provider that computed them, so the manifest records both along with the model's hash,
-and a snapshot made for anything else is ignored with a warning, never used.
+prefills only the user's own words. KV values depend on the ONNX Runtime version, the execution provider
+and the graph that computed them (the engine picks a prefill graph by CPU, engine/graphs.py), so the manifest
+records all three along with the model's hash, and a snapshot made for anything else is ignored with a
+warning, never used: a prefix cache hit must equal a miss.
 
 Manifest section (`manifest.json` → `snapshot`):
 
-    {"format": 1, "onnxruntime": "1.31.1", "providers": ["cpu"], "model_sha256": "…", "kv_dtype": "float32",
+    {"format": 2, "onnxruntime": "1.31.1", "providers": ["cpu"], "prompt_graph": "prefill.onnx",
+     "model_sha256": "…", "kv_dtype": "float32",
      "prefixes": [{"name": "system_prompt", "file": "snapshot/system_prompt.npy", "token_ids": [1, …]},
                   {"name": "system_prompt_user_turn", "file": "snapshot/system_prompt_user_turn.npy", …}]}
 """
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from runtime.engine.engine import Engine
     from runtime.engine.tokenizer import Tokenizer
 
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
 SNAPSHOT_DIR = "snapshot"
 log = logging.getLogger("runtime.snapshot")
 
@@ -46,6 +48,7 @@ class SnapshotInfo:
     format: int
     onnxruntime: str
     providers: tuple[str, ...]  # short names (`cpu`): the snapshot is valid when the engine runs on the first
+    prompt_graph: str  # the bundle file of the graph that computed the KV (`Engine.prompt_graph_file`)
     model_sha256: str
     kv_dtype: str
     prefixes: tuple[PrefixSnapshot, ...]
@@ -55,6 +58,7 @@ class SnapshotInfo:
             "format": self.format,
             "onnxruntime": self.onnxruntime,
             "providers": list(self.providers),
+            "prompt_graph": self.prompt_graph,
             "model_sha256": self.model_sha256,
             "kv_dtype": self.kv_dtype,
             "prefixes": [{"name": p.name, "file": p.file, "token_ids": list(p.token_ids)} for p in self.prefixes],
@@ -66,6 +70,7 @@ class SnapshotInfo:
             format=int(data["format"]),
             onnxruntime=str(data["onnxruntime"]),
             providers=tuple(data["providers"]),
+            prompt_graph=str(data["prompt_graph"]),
             model_sha256=str(data["model_sha256"]),
             kv_dtype=str(data["kv_dtype"]),
             prefixes=tuple(
@@ -85,8 +90,11 @@ class RestoreResult:
         return sum(len(p.token_ids) for p in self.restored)
 
 
-def incompatibility(info: SnapshotInfo, manifest: Manifest, onnxruntime_version: str, provider: str) -> str | None:
-    """Why `info` must not be used by an engine on `provider` with this ONNX Runtime; None when it may be."""
+def incompatibility(
+    info: SnapshotInfo, manifest: Manifest, onnxruntime_version: str, provider: str, prompt_graph: str
+) -> str | None:
+    """Why `info` must not be used by an engine on `provider` prefilling through the bundle file `prompt_graph`
+    with this ONNX Runtime; None when it may be."""
     model = manifest.files.get(manifest.model_file)
     if info.format != SNAPSHOT_FORMAT:
         return f"snapshot format {info.format}, this runtime reads format {SNAPSHOT_FORMAT}"
@@ -94,6 +102,8 @@ def incompatibility(info: SnapshotInfo, manifest: Manifest, onnxruntime_version:
         return f"made with onnxruntime {info.onnxruntime}, running {onnxruntime_version}"
     if provider not in info.providers[:1]:
         return f"made on the {list(info.providers)} provider(s), running on {provider!r}"
+    if prompt_graph != info.prompt_graph:
+        return f"computed by {info.prompt_graph}, this engine prefills through {prompt_graph}"
     if model is None or model.sha256 != info.model_sha256:
         return "made for a different model file"
     if info.kv_dtype != manifest.model.kv_dtype:
@@ -142,7 +152,7 @@ def restore_snapshot(engine: Engine, bundle: Bundle) -> RestoreResult:
         return _ignored(str(exc))
     if info is None:
         return RestoreResult((), ignored="the bundle has no snapshot")
-    reason = incompatibility(info, bundle.manifest, onnxruntime.__version__, engine.provider)
+    reason = incompatibility(info, bundle.manifest, onnxruntime.__version__, engine.provider, engine.prompt_graph_file)
     if reason is not None:
         return _ignored(reason)
     restored: list[PrefixSnapshot] = []

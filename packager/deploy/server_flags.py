@@ -21,6 +21,7 @@ def server_flags(spec: FunctionSpec) -> list[str]:
         "--threads", str(rt.threads),
         "--spin" if rt.spin else "--no-spin",
         "--decode", rt.decode,
+        "--prefill-matmuls", rt.prefill_matmuls,
         "--providers", ",".join(rt.providers),
         "--temperature", str(rt.sampling.temperature),
         "--top-p", str(rt.sampling.top_p),

@@ -1,22 +1,25 @@
-"""Derive the prefill graph the runtime runs prompts through, beside the builder's graph in a bundle.
+"""Derive the prefill graphs the runtime runs prompts through, beside the builder's graph in a bundle.
 
-Two measured costs of the builder's int8 graph on prompts (2 threads, AVX2 without VNNI, 32-token
-prompt, CPU time): MatMulNBits with int8 activations (accuracy_level 4) runs M>1 products ~2.6x
-slower than fp32 MatMul on the same weights, and logits for every prompt position spend ~25 % of
-prefill in lm_head although only the last position is ever sampled. Decoding one token per row is
-the other way round: int8 weights read 4x fewer bytes and win at every batch size the engine runs.
+Prompts and decoding want different matmuls, and which prompt matmuls win depends on the CPU:
+- Without int8 dot products (AVX2, measured on 2 threads, 32-token prompt): MatMulNBits with int8
+  activations (accuracy_level 4) runs M>1 products ~2.6x slower than fp32 MatMul on the same weights.
+- With them (AVX-512 VNNI, measured here): the builder's int8 matmuls are the faster ones, 1.2-1.3x
+  over fp32 (a 32-token prompt 33 against 42 ms, eight batched 228 against 273 ms).
+Logits for every prompt position spend ~25 % of prefill in lm_head although only the last position is
+ever sampled; decoding one token per row wants int8 weights on every CPU (4x fewer bytes read).
 
-So the prefill graph is the builder's graph with
-- a per-row gather of each prompt's last position before lm_head (logits `[batch, 1, vocab]`): the
-  position is `max(0, S - T + sum(attention_mask[row]) - 1)` for S new tokens and a mask T wide, i.e.
-  the last new token of a single row (past or not), each row's own last token in a batch of
-  right-padded first prompts (so the engine can prefill several prompts in one run), and position 0
-  of every row of a ragged decode step;
-- every MatMulNBits except lm_head replaced by a MatMul on the same weights dequantized to fp32
-  (`prefill.onnx.data`; none for an fp32 export); lm_head stays int8 (one row per prefill).
-Every other initializer keeps pointing into `model.onnx.data`, so the graphs share those bytes on
-disk. Quality is verified on the builder's graph (all-position logits); this graph computes the
-same weights with fp32 activations, i.e. closer to the fp32 reference.
+So a quantized bundle gets two prefill graphs, and the runtime picks by CPU (runtime/engine/graphs.py):
+- `prefill-quantized.onnx`: the builder's graph with a per-row gather of each prompt's last position
+  before lm_head (logits `[batch, 1, vocab]`). The position is `max(0, S - T + sum(attention_mask[row]) - 1)`
+  for S new tokens and a mask T wide, i.e. the last new token of a single row (past or not), each row's
+  own last token in a batch of right-padded first prompts (so the engine can prefill several prompts in
+  one run), and position 0 of every row of a ragged decode step. Its weights are the builder's: every
+  initializer points into `model.onnx.data`, so it costs no bytes of weights on disk.
+- `prefill.onnx`: the same, with every MatMulNBits except lm_head replaced by a MatMul on the same
+  weights dequantized to fp32 (`prefill.onnx.data`); lm_head stays quantized (one row per prefill).
+An fp32 export has nothing to dequantize: it gets `prefill.onnx` alone, whose matmuls are the builder's.
+Quality is verified on the builder's graph (all-position logits); the quantized prefill graph computes
+exactly its matmuls, the fp32 one the same weights with fp32 activations (closer to the fp32 reference).
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ import onnx
 from onnx import TensorProto, helper
 
 from packager.errors import UserError
-from runtime.engine.graphs import PREFILL_MODEL_FILE, ROW_LAST_POSITIONS
+from runtime.engine.graphs import PREFILL_MODEL_FILE, QUANTIZED_PREFILL_FILE, ROW_LAST_POSITIONS
 
-PREFILL_GRAPH_VERSION = 2  # bump when the graph written here changes, to rebuild bundles
+PREFILL_GRAPH_VERSION = 3  # bump when the graph written here changes, to rebuild bundles
 PREFILL_DATA_FILE = PREFILL_MODEL_FILE + ".data"
 LM_HEAD_PREFIX = "/lm_head/"
 _ALIGN = 4096  # page-aligned tensors in the data file, so ONNX Runtime can map them
@@ -38,16 +41,24 @@ _LOGITS = "logits"
 
 
 def write_prefill_graph(bundle_dir: Path, model_file: str) -> list[str]:
-    """Write the prefill graph of `bundle_dir/model_file` into `bundle_dir`; returns the file names written."""
+    """Write the prefill graphs of `bundle_dir/model_file` into `bundle_dir`; returns the file names written."""
+    written = []
     model = onnx.load(str(bundle_dir / model_file), load_external_data=False)
-    written = [PREFILL_MODEL_FILE]
+    _gather_last_positions(model)
     if _dequantize_matmuls(model, bundle_dir):
         written.append(PREFILL_DATA_FILE)
-    _gather_last_positions(model)
+        quantized = onnx.load(str(bundle_dir / model_file), load_external_data=False)
+        _gather_last_positions(quantized)
+        _save(quantized, bundle_dir / QUANTIZED_PREFILL_FILE)
+        written.append(QUANTIZED_PREFILL_FILE)
+    _save(model, bundle_dir / PREFILL_MODEL_FILE)
+    return [PREFILL_MODEL_FILE, *written]
+
+
+def _save(model: onnx.ModelProto, path: Path) -> None:
     key, value = ROW_LAST_POSITIONS
     helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props}, key: value})
-    onnx.save(model, str(bundle_dir / PREFILL_MODEL_FILE))
-    return written
+    onnx.save(model, str(path))
 
 
 def _gather_last_positions(model: onnx.ModelProto) -> None:

@@ -22,9 +22,13 @@ class EngineConfig:
     # same cores, -40 %: set `spin = false` (`--no-spin`) where the function shares its CPUs.
     allow_spinning: bool = True
     prefix_block_size: int = 32
-    # Run prompts through the bundle's prefill graph when it has one and the first provider is the CPU:
-    # ~2.5x less prefill compute for ~430 MB more memory (fp32 weights) on an int8 bundle.
+    # Run prompts through one of the bundle's prefill graphs (logits of each prompt's last position only)
+    # when it has them and the first provider is the CPU: ~25 % of prefill compute is lm_head's otherwise.
     prefill_graph: bool = True
+    # Which of the bundle's prefill graphs prompts run through (engine/graphs.py). `auto`: the quantized one
+    # (the model's int8 matmuls) on a CPU with int8 dot products, where it prefills 1.2-1.3x faster than fp32
+    # matmuls and needs no fp32 copy of the weights; the fp32 one elsewhere (2.6x faster than int8 on AVX2).
+    prefill_matmuls: Literal["auto", "fp32", "quantized"] = "auto"
     # What decoding runs through. `latency`: the int8 graph, the fastest single stream (memory-bound). On
     # an AVX2 CPU without VNNI its int8 matmuls gain little from more rows (step 16 ms at batch 1, 88 at 8).
     # `throughput`: the prefill graph (fp32 matmuls on the same weights) runs prompts and decoding alike

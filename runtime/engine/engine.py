@@ -26,7 +26,7 @@ from runtime.bundle import Bundle
 from runtime.engine.background import Idleness, StartupWork
 from runtime.engine.config import EngineConfig
 from runtime.engine.constraints import Grammars
-from runtime.engine.graphs import decode_graph_path, decodes_with_prefill_graph
+from runtime.engine.graphs import decode_graph_path, decodes_with_prefill_graph, prefill_graph_file
 from runtime.engine.huge_pages import CollapseReport
 from runtime.engine.kv_cache import KVPool, PrefixCache, context_for_budget
 from runtime.engine.output import OutputProcessor
@@ -68,6 +68,8 @@ class Engine:
             log.warning("decode = throughput needs the bundle's prefill graph on the CPU: decoding runs the int8 graph")
         if self._throughput and config.speculative:
             raise ValueError("speculative decoding verifies drafts through the int8 graph: use decode = latency")
+        # The bundle file that computes prompts' KV once start-up is over (what a snapshot of prefix KV must match).
+        self.prompt_graph_file = prefill_graph_file(bundle, config) or bundle.manifest.model_file
         build = session_build or SessionBuild(decode_graph_path(bundle, config), SessionOptions.for_engine(config))
         prefill_build = None if self._throughput else prefill_session_build(bundle, config, config.defer_prefill_graph)
         # The session builds (prepacking the weights) on its own thread, without the GIL, while this one

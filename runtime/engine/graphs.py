@@ -1,34 +1,70 @@
 """Which of a bundle's graphs the engine loads, and from where.
 
-A bundle may carry a second graph for prompts, `prefill.onnx` (see packager/export/prefill.py): the
-same model with fp32 matmuls and logits for each row's last position only. The engine decodes through
-the bundle's model and prefills through that graph; in `throughput` mode (`EngineConfig.decode`) the
-prefill graph is its only graph and decodes too. Either may load from a prepacked copy (prepacked.py).
+A bundle may carry graphs for prompts (see packager/export/prefill.py), each the same model with logits
+for each row's last position only: `prefill.onnx` with fp32 matmuls, and, for a quantized model,
+`prefill-quantized.onnx` with the model's own matmuls. The engine decodes through the bundle's model and
+prefills through one of those: the quantized one on a CPU with int8 dot products (where its matmuls are
+the faster ones, and it needs no fp32 copy of the weights in memory), the fp32 one elsewhere
+(`EngineConfig.prefill_matmuls`). In `throughput` mode (`EngineConfig.decode`) the fp32 prefill graph is
+the engine's only graph and decodes too. Any graph may load from a prepacked copy (prepacked.py).
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from runtime.bundle import Bundle
 from runtime.engine.config import EngineConfig
 from runtime.engine.prepacked import PrepackedGraphs
 
-PREFILL_MODEL_FILE = "prefill.onnx"
+PREFILL_MODEL_FILE = "prefill.onnx"  # fp32 matmuls
+QUANTIZED_PREFILL_FILE = "prefill-quantized.onnx"  # the model's own (MatMulNBits) matmuls
+# x86 CPU flags (as Linux names them) of the int8 dot products ONNX Runtime's int8 matmuls use. ARM's
+# (asimddp, i8mm) are left out until measured: such a CPU keeps the fp32 prefill graph.
+INT8_DOT_PRODUCT_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})
 # Metadata of a prefill graph whose logits are each row's last prompt position (packager/export/prefill.py,
 # graph version 2 on): right-padded first chunks of several prompts may then share one run.
 ROW_LAST_POSITIONS = ("onnxfn.prefill_logits", "last position of each row")
 
 
-def bundle_graphs(bundle: Bundle) -> list[Path]:
-    """The decoder graphs of `bundle`: its model and, when it has one, its prefill graph."""
-    prefill = [bundle.path / PREFILL_MODEL_FILE] if PREFILL_MODEL_FILE in bundle.manifest.files else []
-    return [bundle.model_path, *prefill]
+def bundle_graphs(bundle: Bundle, config: EngineConfig | None = None) -> list[Path]:
+    """The decoder graphs an engine with `config` (default: the defaults) loads from `bundle`."""
+    config = config or EngineConfig()
+    prefill = prefill_graph_file(bundle, config)
+    decode = [] if decodes_with_prefill_graph(bundle, config) else [bundle.model_path]
+    return [*decode, *([bundle.path / prefill] if prefill is not None else [])]
 
 
 def prefill_graph_usable(bundle: Bundle, config: EngineConfig) -> bool:
     """The bundle carries a prefill graph and the engine may run it (on the CPU: it is built for it)."""
     return config.prefill_graph and config.providers[:1] == ("cpu",) and PREFILL_MODEL_FILE in bundle.manifest.files
+
+
+def prefill_graph_file(bundle: Bundle, config: EngineConfig) -> str | None:
+    """The file of the prefill graph prompts run through, None without a usable one (see the module docstring)."""
+    if not prefill_graph_usable(bundle, config):
+        return None
+    if decodes_with_prefill_graph(bundle, config) or QUANTIZED_PREFILL_FILE not in bundle.manifest.files:
+        return PREFILL_MODEL_FILE
+    quantized = config.prefill_matmuls == "quantized" or (
+        config.prefill_matmuls == "auto" and bool(cpu_flags() & INT8_DOT_PRODUCT_FLAGS)
+    )
+    return QUANTIZED_PREFILL_FILE if quantized else PREFILL_MODEL_FILE
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags Linux reports for the first CPU (empty where /proc/cpuinfo is unreadable)."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
 
 
 def decodes_with_prefill_graph(bundle: Bundle, config: EngineConfig) -> bool:
@@ -44,8 +80,11 @@ def decode_graph_path(bundle: Bundle, config: EngineConfig) -> Path:
 
 
 def prefill_graph_path(bundle: Bundle, config: EngineConfig) -> Path:
-    """Where the bundle's prefill graph loads from."""
-    return _loaded_from(bundle, bundle.path / PREFILL_MODEL_FILE, config)
+    """Where the prefill graph the engine runs loads from (needs `prefill_graph_usable`)."""
+    prefill = prefill_graph_file(bundle, config)
+    if prefill is None:
+        raise ValueError("the engine runs no prefill graph of this bundle")
+    return _loaded_from(bundle, bundle.path / prefill, config)
 
 
 def _loaded_from(bundle: Bundle, graph: Path, config: EngineConfig) -> Path:

@@ -85,6 +85,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "(faster from ~3 concurrent streams on CPUs without int8 dot products). Default: latency",
     )
     engine.add_argument(
+        "--prefill-matmuls",
+        choices=("auto", "fp32", "quantized"),
+        help="which prefill graph prompts run through: the model's quantized matmuls or fp32 ones; auto: quantized "
+        "on a CPU with int8 dot products (VNNI), fp32 elsewhere. Default: auto",
+    )
+    engine.add_argument(
         "--speculative",
         action=argparse.BooleanOptionalAction,
         help="prompt-lookup speculative decoding for greedy requests decoding alone (default: the engine's, off)",
@@ -245,6 +251,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         overrides["speculative"] = args.speculative
     if args.decode is not None:
         overrides["decode"] = args.decode
+    if args.prefill_matmuls is not None:
+        overrides["prefill_matmuls"] = args.prefill_matmuls
     if args.spin is not None:
         overrides["allow_spinning"] = args.spin
     if args.prepacked is not None:

@@ -121,10 +121,12 @@ def test_incompatibility_checks_every_field(bundle: Bundle) -> None:
     info = read_snapshot_info(bundle.manifest)
     assert info is not None
     version = onnxruntime.__version__
-    assert incompatibility(info, bundle.manifest, version, "cpu") is None
-    assert "running 9.9" in (incompatibility(info, bundle.manifest, "9.9", "cpu") or "")
+    graph = info.prompt_graph
+    assert incompatibility(info, bundle.manifest, version, "cpu", graph) is None
+    assert "running 9.9" in (incompatibility(info, bundle.manifest, "9.9", "cpu", graph) or "")
+    assert "prefills through model.onnx" in (incompatibility(info, bundle.manifest, version, "cpu", "model.onnx") or "")
     other_dtype = dataclasses.replace(info, kv_dtype="float16")
-    assert "KV dtype float16" in (incompatibility(other_dtype, bundle.manifest, version, "cpu") or "")
+    assert "KV dtype float16" in (incompatibility(other_dtype, bundle.manifest, version, "cpu", graph) or "")
     assert SnapshotInfo.from_json(info.to_json()) == info
 
 

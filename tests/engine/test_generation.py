@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -11,7 +10,7 @@ import pytest
 
 from runtime.bundle import Bundle
 from runtime.engine.engine import Engine, EngineConfig
-from runtime.engine.graphs import PREFILL_MODEL_FILE
+from runtime.engine.graphs import PREFILL_MODEL_FILE, decode_graph_path, prefill_graph_file
 from runtime.engine.request import FinishReason, GenerationRequest, SamplingParams
 from runtime.engine.tokenizer import Tokenizer
 from tests.engine.conftest import chat_ids
@@ -19,6 +18,7 @@ from tests.engine.conftest import chat_ids
 pytestmark = pytest.mark.real_model
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+DEFAULT_CONFIG = EngineConfig()
 QUESTIONS = [
     "What is the capital of France?",
     "Write a haiku about the sea.",
@@ -32,19 +32,18 @@ QUESTIONS = [
 
 
 def reference_greedy(
-    bundle: Bundle, prompt: tuple[int, ...], new_tokens: int, decode_model: Path | None = None
+    bundle: Bundle, prompt: tuple[int, ...], new_tokens: int, config: EngineConfig = DEFAULT_CONFIG
 ) -> list[int]:
     """Plain `session.run` with a KV cache that grows by concatenation: no IO binding, no shared buffer.
 
-    The prompt goes through the bundle's prefill graph when it has one, as in the engine; the tokens after
-    it through `decode_model` (default: the bundle's int8 graph).
+    The prompt and the tokens after it go through the graphs an engine with `config` runs (graphs.py).
     """
     facts = bundle.manifest.model
     io = facts.io
-    session = ort.InferenceSession(str(decode_model or bundle.model_path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(decode_graph_path(bundle, config)), providers=["CPUExecutionProvider"])
     prompt_session = session
-    if PREFILL_MODEL_FILE in bundle.manifest.files:
-        prompt_session = ort.InferenceSession(str(bundle.path / PREFILL_MODEL_FILE), providers=["CPUExecutionProvider"])
+    if (prefill := prefill_graph_file(bundle, config)) is not None:
+        prompt_session = ort.InferenceSession(str(bundle.path / prefill), providers=["CPUExecutionProvider"])
     empty = np.zeros((1, facts.num_kv_heads, 0, facts.head_dim), np.float32)
     past = {name % i: empty for i in range(facts.num_layers) for name in (io.past_key, io.past_value)}
     output_names = [o.name for o in session.get_outputs()]
@@ -89,7 +88,7 @@ def test_throughput_mode_decodes_through_the_prefill_graph(
 ) -> None:
     assert throughput_engine.prefill_graph == "prefill graph"
     prompt = chat_ids(tokenizer, QUESTIONS[0])
-    expected = reference_greedy(bundle, prompt, GREEDY.max_tokens, decode_model=bundle.path / PREFILL_MODEL_FILE)
+    expected = reference_greedy(bundle, prompt, GREEDY.max_tokens, EngineConfig(decode="throughput"))
     assert run(throughput_engine, "throughput-ref", prompt) == expected
 
 

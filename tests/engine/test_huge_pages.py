@@ -98,8 +98,10 @@ from runtime.bundle import open_bundle
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.request import GenerationRequest, SamplingParams
 bundle_dir, prompt = sys.argv[1], json.loads(sys.argv[2])
-huge_pages, defer = sys.argv[3] == "on", sys.argv[4] == "defer"
-config = EngineConfig(max_batch=2, max_context=256, huge_pages=huge_pages, defer_prefill_graph=defer)
+huge_pages, defer, matmuls = sys.argv[3] == "on", sys.argv[4] == "defer", sys.argv[5]
+config = EngineConfig(
+    max_batch=2, max_context=256, huge_pages=huge_pages, defer_prefill_graph=defer, prefill_matmuls=matmuls
+)
 engine = Engine(open_bundle(Path(bundle_dir), verify=False), config)
 report = engine.wait_until_warm()
 sampling = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -110,7 +112,9 @@ print(json.dumps({"report": moved, "tokens": list(tokens)}))
 """
 
 
-def _run_engine(bundle: Bundle, prompt: tuple[int, ...], huge_pages: bool, defer: bool = False) -> dict[str, Any]:
+def _run_engine(
+    bundle: Bundle, prompt: tuple[int, ...], huge_pages: bool, defer: bool = False, prefill_matmuls: str = "auto"
+) -> dict[str, Any]:
     command = [
         sys.executable,
         "-c",
@@ -119,6 +123,7 @@ def _run_engine(bundle: Bundle, prompt: tuple[int, ...], huge_pages: bool, defer
         json.dumps(list(prompt)),
         "on" if huge_pages else "off",
         "defer" if defer else "at once",
+        prefill_matmuls,
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -142,7 +147,8 @@ def test_a_prefill_graph_loaded_later_has_its_weights_moved_too(bundle: Bundle, 
     # As a server starts: the prefill graph builds once the engine serves. Its fp32 weights are what a
     # prompt reads; on 4 KiB pages a 32-token prompt's first token took 55 ms here, 44 ms on huge pages.
     assert PREFILL_MODEL_FILE in bundle.manifest.files
-    report = _run_engine(bundle, chat_ids(tokenizer, "Hi"), huge_pages=True, defer=True)["report"]
+    prompt = chat_ids(tokenizer, "Hi")
+    report = _run_engine(bundle, prompt, huge_pages=True, defer=True, prefill_matmuls="fp32")["report"]
     assert report is not None and not report["unsupported"], report
     # The decode graph's ~140 MiB and the prefill graph's fp32 matmul weights (~107M parameters, ~410 MiB).
     assert report["collapsed"] >= 450 << 20

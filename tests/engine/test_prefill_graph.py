@@ -1,4 +1,5 @@
-"""The prefill graph a CPU bundle carries: fp32 matmuls on the int8 weights, logits of each row's last position."""
+"""The prefill graphs a CPU bundle carries: logits of each row's last position, with fp32 matmuls on the int8
+weights or with the model's own int8 matmuls; which one the engine runs depends on the CPU."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from onnx import TensorProto, helper
 
 from packager.export.prefill import PREFILL_DATA_FILE, dequantize_nbits
 from runtime.bundle import Bundle, open_bundle
+from runtime.engine import graphs
 from runtime.engine.engine import Engine, EngineConfig
-from runtime.engine.graphs import PREFILL_MODEL_FILE
+from runtime.engine.graphs import PREFILL_MODEL_FILE, QUANTIZED_PREFILL_FILE, prefill_graph_file
 from runtime.engine.kv_cache import KVPool
 from runtime.engine.request import GenerationRequest, SamplingParams
 from runtime.engine.session import DecoderSession
@@ -55,11 +57,14 @@ def test_dequantized_weights_reproduce_matmul_nbits(bits: int) -> None:
 
 
 @pytest.mark.real_model
-def test_prefill_graph_returns_the_last_position_of_the_same_model(bundle: Bundle, tokenizer: Tokenizer) -> None:
+@pytest.mark.parametrize("graph", [PREFILL_MODEL_FILE, QUANTIZED_PREFILL_FILE])
+def test_prefill_graph_returns_the_last_position_of_the_same_model(
+    graph: str, bundle: Bundle, tokenizer: Tokenizer
+) -> None:
     files = bundle.manifest.files
     if PREFILL_MODEL_FILE not in files:
         pytest.skip("the test bundle was built without a prefill graph")
-    assert PREFILL_DATA_FILE in files  # int8 demo: the matmuls were dequantized
+    assert {PREFILL_DATA_FILE, QUANTIZED_PREFILL_FILE} <= set(files)  # int8 demo: the matmuls were dequantized
     facts = bundle.manifest.model
     io = facts.io
     prompt = np.array([chat_ids(tokenizer, "Why is the sky blue?")], np.int64)
@@ -67,11 +72,14 @@ def test_prefill_graph_returns_the_last_position_of_the_same_model(bundle: Bundl
     feed = {io.input_ids: prompt, io.attention_mask: np.ones_like(prompt)}
     feed |= {name % i: empty for i in range(facts.num_layers) for name in (io.past_key, io.past_value)}
     full = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
-    prefill = ort.InferenceSession(str(bundle.path / PREFILL_MODEL_FILE), providers=["CPUExecutionProvider"])
+    prefill = ort.InferenceSession(str(bundle.path / graph), providers=["CPUExecutionProvider"])
     (all_positions,) = full.run([io.logits], feed)
     (last,) = prefill.run([io.logits], feed)
     assert all_positions.shape == (1, prompt.shape[1], facts.vocab_size)
     assert last.shape == (1, 1, facts.vocab_size)
+    if graph == QUANTIZED_PREFILL_FILE:  # the same kernels on the same rows
+        np.testing.assert_allclose(last[0, 0], all_positions[0, -1], rtol=0, atol=1e-4)
+        return
     p, q = _log_softmax(all_positions[0, -1]), _log_softmax(last[0, 0])
     kl = float(np.sum(np.exp(p) * (p - q)))
     assert last[0, 0].argmax() == all_positions[0, -1].argmax()
@@ -135,12 +143,13 @@ def test_a_prefill_graph_that_fails_to_load_leaves_the_decode_graph_serving(
 ) -> None:
     if PREFILL_MODEL_FILE not in bundle.manifest.files:
         pytest.skip("the test bundle was built without a prefill graph")
-    for entry in bundle.path.iterdir():
-        if entry.name != PREFILL_MODEL_FILE:
-            (tmp_path / entry.name).symlink_to(entry)
-    (tmp_path / PREFILL_MODEL_FILE).write_bytes(b"not an onnx graph")
-    broken = open_bundle(tmp_path, verify=False)
     config = EngineConfig(max_batch=1, max_context=256, prefix_block_size=8, defer_prefill_graph=True)
+    used = prefill_graph_file(bundle, config)
+    for entry in bundle.path.iterdir():
+        if entry.name != used:
+            (tmp_path / entry.name).symlink_to(entry)
+    (tmp_path / str(used)).write_bytes(b"not an onnx graph")
+    broken = open_bundle(tmp_path, verify=False)
     engine = Engine(broken, config)
     try:
         engine.wait_for_prefill_graph()
@@ -174,7 +183,10 @@ def test_an_idle_engine_switches_to_the_prefill_graph_once_it_is_built(bundle: B
 
 
 @pytest.mark.real_model
-def test_prompts_prefilled_in_one_run_match_each_prefilled_alone(bundle: Bundle, tokenizer: Tokenizer) -> None:
+@pytest.mark.parametrize("graph", [PREFILL_MODEL_FILE, QUANTIZED_PREFILL_FILE])
+def test_prompts_prefilled_in_one_run_match_each_prefilled_alone(
+    graph: str, bundle: Bundle, tokenizer: Tokenizer
+) -> None:
     """Right-padded first chunks in one run: every row's KV and last-position logits are bit-for-bit its own."""
     if PREFILL_MODEL_FILE not in bundle.manifest.files:
         pytest.skip("the test bundle was built without a prefill graph")
@@ -183,7 +195,7 @@ def test_prompts_prefilled_in_one_run_match_each_prefilled_alone(bundle: Bundle,
     options = SessionOptions()
     decoder = DecoderSession(
         create_session(bundle.model_path, options), facts.io, facts.num_layers, pool.tensors, facts.vocab_size,
-        max_rows=3, max_chunk=64, prefill_session=create_session(bundle.path / PREFILL_MODEL_FILE, options),
+        max_rows=3, max_chunk=64, prefill_session=create_session(bundle.path / graph, options),
     )  # fmt: skip
     assert decoder.prefills_prompts_together
     prompts = [chat_ids(tokenizer, q) for q in ("hi", "Name a large river.", "Tell me a fun fact about octopuses.")]
@@ -232,3 +244,31 @@ def test_prompts_admitted_together_share_prefill_runs_and_keep_their_tokens(
         engine.shutdown()
     assert batched == [3] and runs == [3]  # one run for the three prompts, none for a prompt alone
     assert together == [tuple(a) for a in alone]
+
+
+def test_the_prefill_graph_follows_the_cpu_unless_configured(bundle: Bundle, monkeypatch: pytest.MonkeyPatch) -> None:
+    if QUANTIZED_PREFILL_FILE not in bundle.manifest.files:
+        pytest.skip("the test bundle was built without a quantized prefill graph")
+
+    def on(flags: set[str], **config: object) -> str | None:
+        monkeypatch.setattr(graphs, "cpu_flags", lambda: frozenset(flags))
+        return prefill_graph_file(bundle, EngineConfig(**config))  # type: ignore[arg-type]
+
+    avx2, vnni = {"avx2", "fma"}, {"avx2", "avx512f", "avx512_vnni"}
+    assert on(avx2) == PREFILL_MODEL_FILE  # fp32 matmuls: 2.6x faster prefill there than int8
+    assert on(vnni) == on({"avx2", "avx_vnni"}) == QUANTIZED_PREFILL_FILE
+    assert on(vnni, prefill_matmuls="fp32") == on(avx2, prefill_matmuls="fp32") == PREFILL_MODEL_FILE
+    assert on(avx2, prefill_matmuls="quantized") == QUANTIZED_PREFILL_FILE
+    assert on(vnni, decode="throughput") == PREFILL_MODEL_FILE  # decodes through the fp32 graph, prompts too
+    assert on(vnni, prefill_graph=False) is None
+    assert on(vnni, providers=("cuda", "cpu")) is None
+    monkeypatch.setattr(graphs, "cpu_flags", lambda: frozenset(vnni))
+    assert graphs.bundle_graphs(bundle) == [bundle.model_path, bundle.path / QUANTIZED_PREFILL_FILE]
+    assert graphs.bundle_graphs(bundle, EngineConfig(decode="throughput")) == [bundle.path / PREFILL_MODEL_FILE]
+
+
+def test_cpu_flags_are_the_kernels_first_cpu_line() -> None:
+    flags = graphs.cpu_flags()
+    text = Path("/proc/cpuinfo").read_text()
+    first = next(line for line in text.splitlines() if line.startswith("flags"))
+    assert flags == frozenset(first.partition(":")[2].split())
