@@ -14,15 +14,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from benchlib import embeddings
-from benchlib.stats import median, median_interval
-from benchlib.systems import PROCESS_SNAPSHOT, SERVERS, VARIANTS
+from benchlib import embeddings, targets
+from benchlib.pairing import baseline_of, paired_interval
+from benchlib.stats import median
+from benchlib.systems import PROCESS_SNAPSHOT, VARIANTS
 
 BUSY_SHARE = 0.05  # other processes' share of CPU time above which the report warns
-
-
-def baseline_of(system: str) -> str:
-    return "onnxfn-http" if system in SERVERS else "onnxfn"
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
@@ -62,27 +59,6 @@ def ratio(system: str, table: dict[str, dict[str, Any]], key: str, higher_is_bet
     else:
         wins = times >= 1.0
     return f"{times:.2f}", ("onnxfn wins" if wins else f"**onnxfn loses** ({base_name})")
-
-
-def paired_ratios(
-    systems: dict[str, dict[str, Any]], system: str, key: str, higher_is_better: bool = True
-) -> list[float]:
-    """`system`'s `onnxfn x` round by round (sorted), from the samples both it and its baseline kept: each
-    round runs every system once, so a pair shares the host's state of that minute. Empty without samples.
-    Oriented as the table's ratio: above 1.00 onnxfn is better, for a rate and for a time alike."""
-    entry, base = systems.get(system, {}), systems.get(baseline_of(system), {})
-    if "samples" not in entry or "samples" not in base:
-        return []
-    pairs = [(mine[key], peer[key]) for mine, peer in zip(base["samples"], entry["samples"], strict=False)]
-    return sorted(mine / peer if higher_is_better else peer / mine for mine, peer in pairs if mine and peer)
-
-
-def paired_interval(
-    systems: dict[str, dict[str, Any]], system: str, key: str, higher_is_better: bool = True
-) -> tuple[list[float], float, float] | None:
-    """`paired_ratios` with the bootstrap 95 % interval of their median; None without samples."""
-    ratios = paired_ratios(systems, system, key, higher_is_better)
-    return (ratios, *median_interval(ratios)) if ratios else None
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -360,6 +336,7 @@ def render_header(results: dict[str, Any]) -> str:
 
 
 RENDERERS = (
+    ("decode", targets.render),
     ("decode", render_decode),
     ("limit", render_limit),
     ("prefill", render_prefill),

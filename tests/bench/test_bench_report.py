@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from benchlib import report
+from benchlib import pairing, report, targets
 from benchlib.sections import decode_rate
 from benchlib.stats import median_interval, percentile
 
@@ -159,7 +159,7 @@ def test_a_time_kept_round_by_round_is_judged_the_way_its_ratio_reads() -> None:
         "genai": {"total_s": 0.75, "samples": [{"total_s": t} for t in (0.75, 0.74, 0.76, 0.75, 0.75)]},
     }
     assert report.ratio("genai", table, "total_s", higher_is_better=False) == ("1.50", "onnxfn wins")
-    assert report.paired_ratios(table, "genai", "total_s", higher_is_better=False)[0] > 1.0
+    assert pairing.paired_ratios(table, "genai", "total_s", higher_is_better=False)[0] > 1.0
     table["onnxfn"], table["genai"] = table["genai"], table["onnxfn"]
     assert report.ratio("genai", table, "total_s", higher_is_better=False) == ("0.67", "**onnxfn loses** (onnxfn)")
 
@@ -186,3 +186,29 @@ def test_the_written_json_renders_back_to_the_written_table(tmp_path: Path) -> N
     written = (tmp_path / "results.md").read_text()
     assert written.index("| onnxfn | ") < written.index("| genai | ")
     assert report.render(json.loads((tmp_path / "results.json").read_text())) == written
+
+
+def test_the_targets_pair_onnxfn_over_http_with_genai_in_process_round_by_round() -> None:
+    def samples(*rates: float, key: str = "aggregate_tok_s") -> dict:
+        return {key: sorted(rates)[len(rates) // 2], "samples": [{key: r} for r in rates]}
+
+    eight = {
+        "onnxfn": samples(400.0, 400.0, 400.0),
+        "onnxfn-http": samples(300.0, 330.0, 360.0),
+        "genai": samples(310.0, 320.0, 340.0),  # against onnxfn-http: 0.97, 1.03, 1.06
+        "llamacpp-server": samples(100.0, 150.0, 120.0),  # 3.00, 2.20, 3.00
+    }
+    results = {
+        "decode": {
+            "systems": {"onnxfn": samples(100, 100, 100, key="tok_s"), "genai": samples(120, 125, 130, key="tok_s")}
+        },
+        "concurrency": {"systems_by_level": {"8": eight}},
+    }
+    rows = [line for line in targets.render(results).splitlines() if line.startswith("| ") and "goal" not in line]
+    assert rows == [
+        "| decode, batch 1: onnxfn / genai on the same bundle | >= 1.0 | 0.80 | 0.80 (0.77-0.83) | **missed** |",
+        "| 8 streams: onnxfn over HTTP / genai's static batch in-process | >= 1.0 | 1.03 | 1.03 (0.97-1.06) "
+        "| tie: not shown either way |",
+        "| 8 streams: onnxfn over HTTP / llama.cpp's server | >= 2.0 | 2.75 | 3.00 (2.20-3.00) | met |",
+    ]
+    assert targets.render({"decode": {"systems": {"onnxfn": samples(1.0, key="tok_s")}}}) == ""  # no peer, no section
