@@ -32,6 +32,9 @@ from benchlib.systems import PROCESS_SNAPSHOT, REGISTRY
 from benchlib.systems.base import SystemConfig
 
 from packager.processes import precompile_runtime
+from runtime.bundle import open_bundle
+from runtime.engine.config import EngineConfig
+from runtime.engine.graphs import QUANTIZED_PREFILL_FILE, prefill_graph_file
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_BUNDLE = REPO / "build" / "smollm2-chat" / "bundle"
@@ -171,11 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     bundle = resolve_bundle(args.bundle)
     hf_dir, gguf = resolve_hf_dir(args.hf_dir), resolve_gguf(args.gguf)
     systems = available(args.systems, notes)
-    if (bundle / "prefill.onnx").is_file():
+    if (prompt_graph := prefill_graph_file(open_bundle(bundle, verify=False), EngineConfig())) is not None:
+        matmuls = "the model's own int8 matmuls" if prompt_graph == QUANTIZED_PREFILL_FILE else "fp32 matmuls"
         notes.append(
-            "onnxfn prefills prompts through the bundle's prefill.onnx (the same int8 weights dequantized to fp32 "
-            "matmuls, logits of each prompt's last position only) and decodes through model.onnx; onnxruntime-genai "
-            "runs model.onnx (the builder's graph) for both, so its tokens may differ from onnxfn's"
+            f"onnxfn prefills prompts through the bundle's {prompt_graph} ({matmuls} on the same weights, logits of "
+            "each prompt's last position only: the prefill graph it picks on this CPU) and decodes through "
+            "model.onnx; onnxruntime-genai runs model.onnx (the builder's graph) for both, so its tokens may differ"
         )
     configs = [
         SystemConfig(s, str(bundle), str(gguf), str(hf_dir), args.threads, max(plan.concurrency_levels), sys.executable)
