@@ -7,6 +7,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
@@ -131,6 +132,29 @@ def own_busy_seconds() -> float:
     """CPU seconds of this process and of every descendant it (or they) have waited for."""
     times = os.times()
     return times.user + times.system + times.children_user + times.children_system
+
+
+def wait_until_quiet(
+    window: float = 0.05,
+    busiest: float = 0.1,
+    limit: float = 1.0,
+    busy_seconds: Callable[[], float] = machine_busy_seconds,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Sleep until a `window` passes with all processes busy under `busiest` of the CPUs (at most `limit`
+    seconds); returns how long it waited. Between two systems' jobs: ONNX Runtime's pool threads spin on after
+    a run unless told to stop (onnxruntime-genai's do, ~40 ms of a core measured here), and a system started
+    meanwhile shares the cores with them (onnxfn's time to first token 34-41 ms after onnxfn-http's run,
+    57-83 ms after genai's)."""
+    capacity = window * (os.cpu_count() or 1)
+    waited = 0.0
+    while waited < limit:
+        before = busy_seconds()
+        sleep(window)
+        waited += window
+        if busy_seconds() - before < busiest * capacity:
+            break
+    return waited
 
 
 class ContentionMeter:

@@ -336,7 +336,6 @@ def render_header(results: dict[str, Any]) -> str:
 
 
 RENDERERS = (
-    ("decode", targets.render),
     ("decode", render_decode),
     ("limit", render_limit),
     ("prefill", render_prefill),
@@ -350,6 +349,8 @@ RENDERERS = (
 
 def render(results: dict[str, Any]) -> str:
     parts = [render_header(results)]
+    if goals := targets.render(results):  # from the decode and concurrency sections, whichever ran
+        parts.append(goals)
     parts += [renderer(results) for key, renderer in RENDERERS if key in results]
     return "\n".join(parts)
 

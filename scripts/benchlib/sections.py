@@ -1,8 +1,9 @@
 """The throughput figures: decode, prefill/TTFT and concurrency, measured on long-lived workers.
 
 Every figure is taken in interleaved rounds: one round runs each system once (in an order rotated
-round by round), the first round is a warm-up and is discarded, and the reported value is the median
-over rounds. A system that fails is recorded with its error and skipped for the rest of the figure.
+round by round), each job starting once the cores are quiet, the first round is a warm-up and is
+discarded, and the reported value is the median over rounds. A system that fails is recorded with its
+error and skipped for the rest of the figure.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from benchlib.machine import wait_until_quiet
 from benchlib.pool import Worker, WorkerError
 from benchlib.prompts import PromptFactory
 from benchlib.stats import median, percentile
@@ -40,6 +42,7 @@ def interleave(
         for worker in workers[shift:] + workers[:shift]:
             if worker.name in errors:
                 continue
+            wait_until_quiet()  # the previous system's leftover threads must not run into this one's figures
             try:
                 sample = job(worker, round_index)
             except WorkerError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
-from benchlib import pairing, report, targets
+from benchlib import machine, pairing, report, targets
 from benchlib.sections import decode_rate
 from benchlib.stats import median_interval, percentile
 
@@ -212,3 +213,24 @@ def test_the_targets_pair_onnxfn_over_http_with_genai_in_process_round_by_round(
         "| 8 streams: onnxfn over HTTP / llama.cpp's server | >= 2.0 | 2.75 | 3.00 (2.20-3.00) | met |",
     ]
     assert targets.render({"decode": {"systems": {"onnxfn": samples(1.0, key="tok_s")}}}) == ""  # no peer, no section
+
+
+def test_a_job_waits_for_the_previous_systems_threads_to_stop_spinning() -> None:
+    def run(busy_per_window: list[float], limit: float = 1.0) -> tuple[float, int]:
+        counter = [0.0]
+        reads = iter([step for busy in busy_per_window for step in (0.0, busy)])
+
+        def busy_seconds() -> float:
+            counter[0] += next(reads)
+            return counter[0]
+
+        sleeps: list[float] = []
+        waited = machine.wait_until_quiet(0.05, 0.1, limit, busy_seconds, sleeps.append)
+        return round(waited, 3), len(sleeps)
+
+    cpus = os.cpu_count() or 1
+    spinning = 0.05  # one thread busy for the whole window
+    quiet = 0.001 * cpus
+    assert run([spinning, spinning, quiet]) == (0.15, 3)  # two busy windows, then a quiet one
+    assert run([quiet]) == (0.05, 1)
+    assert run([spinning] * 30, limit=0.2) == (0.2, 4)  # never quiet: gives up at the limit
