@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -10,12 +12,17 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from starlette.testclient import TestClient
 
+from packager.deploy.server_flags import server_flags
+from packager.spec import load_spec
 from runtime.bundle import MANIFEST_NAME, Manifest, file_digest, manifest_bytes, read_manifest
 from runtime.server.app import create_app
 from runtime.server.protocol import RequestPolicy
+from runtime.server.serve import add_model_arguments, engine_config
 from runtime.server.state import ServerSettings
+from tests.conftest import DEMO_FUNCTION
 
 POLICY = RequestPolicy(model_name="fn", vocab_size=100)
 CHAT = {"model": "fn", "messages": [{"role": "user", "content": "hi"}]}
@@ -86,3 +93,19 @@ def test_serve_exits_1_when_the_engine_cannot_load(tmp_path: Path, demo_bundle: 
     result = run_serve(str(bundle), "--port", "0")
     assert result.returncode == 1, result.stderr
     assert "the engine failed to load" in result.stderr
+
+
+def test_the_prefill_graph_choice_reaches_the_engine_from_function_toml() -> None:
+    """`[runtime] prefill_matmuls` → the deploy's server flags → the server's `EngineConfig`."""
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    assert engine_config(parser.parse_args([])).prefill_matmuls == "auto"
+    spec = load_spec(DEMO_FUNCTION)
+    for choice in ("auto", "fp32", "quantized"):
+        runtime = dataclasses.replace(spec.runtime, prefill_matmuls=choice)
+        flags = server_flags(dataclasses.replace(spec, runtime=runtime))
+        assert flags[flags.index("--prefill-matmuls") + 1] == choice
+        assert engine_config(parser.parse_args(flags)).prefill_matmuls == choice
+    with pytest.raises(SystemExit) as refused:
+        parser.parse_args(["--prefill-matmuls", "int4"])
+    assert refused.value.code == 2
