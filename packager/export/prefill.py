@@ -42,17 +42,16 @@ _LOGITS = "logits"
 
 def write_prefill_graph(bundle_dir: Path, model_file: str) -> list[str]:
     """Write the prefill graphs of `bundle_dir/model_file` into `bundle_dir`; returns the file names written."""
-    written = []
     model = onnx.load(str(bundle_dir / model_file), load_external_data=False)
     _gather_last_positions(model)
+    quantized = onnx.ModelProto()
+    quantized.CopyFrom(model)  # before the matmuls are dequantized: kept only if some were
+    written = [PREFILL_MODEL_FILE]
     if _dequantize_matmuls(model, bundle_dir):
-        written.append(PREFILL_DATA_FILE)
-        quantized = onnx.load(str(bundle_dir / model_file), load_external_data=False)
-        _gather_last_positions(quantized)
         _save(quantized, bundle_dir / QUANTIZED_PREFILL_FILE)
-        written.append(QUANTIZED_PREFILL_FILE)
+        written += [PREFILL_DATA_FILE, QUANTIZED_PREFILL_FILE]
     _save(model, bundle_dir / PREFILL_MODEL_FILE)
-    return [PREFILL_MODEL_FILE, *written]
+    return written
 
 
 def _save(model: onnx.ModelProto, path: Path) -> None:
