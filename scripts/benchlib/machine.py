@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from benchlib.stats import median
+from runtime.engine.graphs import cpu_flags as runtime_cpu_flags
 
 PACKAGES = (
     "onnxfn",
@@ -44,12 +45,10 @@ def cpu_model() -> str:
 
 
 def cpu_flags() -> list[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            wanted = ("avx", "avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile", "fma", "f16c")
-            present = set(line.split(":", 1)[1].split())
-            return [flag for flag in wanted if flag in present]
-    return []
+    """The instruction sets that decide these figures, of those the runtime reads (graphs.cpu_flags)."""
+    wanted = ("avx", "avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile", "fma", "f16c")
+    present = runtime_cpu_flags()
+    return [flag for flag in wanted if flag in present]
 
 
 def machine_facts() -> dict[str, object]:

@@ -349,8 +349,8 @@ RENDERERS = (
 
 def render(results: dict[str, Any]) -> str:
     parts = [render_header(results)]
-    if goals := targets.render(results):  # from the decode and concurrency sections, whichever ran
-        parts.append(goals)
+    if goals := targets.rows(results):  # from the decode and concurrency sections, whichever ran
+        parts.append("## Targets\n\n" + table(targets.HEADER, goals))
     parts += [renderer(results) for key, renderer in RENDERERS if key in results]
     return "\n".join(parts)
 

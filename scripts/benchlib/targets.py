@@ -45,8 +45,9 @@ def verdict(goal: float, low: float, high: float) -> str:
     return "tie: not shown either way" if high >= goal else "**missed**"
 
 
-def render(results: dict[str, Any]) -> str:
-    rows = []
+def rows(results: dict[str, Any]) -> list[list[str]]:
+    """One row under `HEADER` per target whose two systems both have a figure in `results`."""
+    found = []
     for target in TARGETS:
         systems = target.systems(results)
         mine, peer = systems.get(target.system, {}).get(target.key), systems.get(target.peer, {}).get(target.key)
@@ -58,8 +59,5 @@ def render(results: dict[str, Any]) -> str:
             cells += [f"{median(ratios):.2f} ({low:.2f}-{high:.2f})", verdict(target.goal, low, high)]
         else:
             cells += ["-", "met" if mine / peer >= target.goal else "**missed**"]
-        rows.append("| " + " | ".join(cells) + " |")
-    if not rows:
-        return ""
-    header = "| " + " | ".join(HEADER) + " |\n" + "|---" * len(HEADER) + "|\n"
-    return "## Targets\n\n" + header + "\n".join(rows) + "\n"
+        found.append(cells)
+    return found
