@@ -39,7 +39,7 @@ from runtime.engine.scheduler import RequestState, Scheduler, SequenceState, Seq
 from runtime.engine.session import DecoderSession
 from runtime.engine.session_build import SessionBuild, SessionOptions, prefill_session_build
 from runtime.engine.speculative import PromptLookup
-from runtime.engine.stream import RequestStream
+from runtime.engine.stream import RequestStream, Wakeups
 from runtime.engine.tokenizer import Tokenizer
 from runtime.engine.validation import validate_request
 
@@ -95,6 +95,7 @@ class Engine:
         self._scheduler = Scheduler(self._pool, self._prefix_cache, config.max_queue, config.prefill_chunk)
         self._on_step = on_step
         self._streams: dict[str, RequestStream] = {}
+        self._stream_wakeups = Wakeups()
         self._wakeup = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -139,7 +140,7 @@ class Engine:
         now = time.perf_counter()
         group = RequestState(request, submitted_at=now)
         group.sequences = [self._sequence(group, i) for i in range(request.sampling.n)]
-        stream = RequestStream(request.request_id, now, self.abort)
+        stream = RequestStream(request.request_id, now, self.abort, self._stream_wakeups)
         with self._wakeup:
             if request.request_id in self._streams:
                 raise EngineError(f"request id {request.request_id!r} is already in flight")
@@ -354,6 +355,7 @@ class Engine:
         )
         if self._on_step is not None:
             self._on_step(report)
+        self._stream_wakeups.flush()
         return report
 
     def _push(self, group: RequestState, output: SequenceOutput, now: float) -> None:
@@ -374,6 +376,7 @@ class Engine:
         for stream in streams:
             stream.push(EngineError(f"the engine failed while running this request: {exc!r}"), time.perf_counter())
             stream.close()
+        self._stream_wakeups.flush()
 
     def _sequence(self, group: RequestState, index: int) -> SequenceState:
         request = group.request
