@@ -67,7 +67,7 @@ def _tool_deltas(parser: ToolCallParser, text: str, calls_so_far: int, final: bo
     return deltas
 
 
-async def _stream(
+def _stream(
     generation: Generation, meta: ResponseMeta, parsed: ChatRequest, wire: WireFormat
 ) -> AsyncGenerator[bytes, None]:
     def chunk(choices: list[dict[str, Any]]) -> bytes:
@@ -100,8 +100,7 @@ async def _stream(
                 yield chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish}])
 
     usage = meta.envelope("chat.completion.chunk", []) if parsed.include_usage else None
-    async for frame in framed_stream(generation, wire, chunks(), usage):
-        yield frame
+    return framed_stream(generation, wire, chunks(), usage)
 
 
 async def collect_chat(generation: Generation, meta: ResponseMeta, parsed: ChatRequest) -> dict[str, Any]:

@@ -73,7 +73,7 @@ class _ChoiceLogprobs:
         return part
 
 
-async def _stream(
+def _stream(
     generation: Generation, meta: ResponseMeta, parsed: CompletionRequest, echoes: list[str], wire: WireFormat
 ) -> AsyncGenerator[bytes, None]:
     n = parsed.sampling.n
@@ -98,8 +98,7 @@ async def _stream(
                 yield chunk(index, output.text, part, finish)
 
     usage = meta.envelope("text_completion", []) if parsed.include_usage else None
-    async for frame in framed_stream(generation, wire, chunks(), usage):
-        yield frame
+    return framed_stream(generation, wire, chunks(), usage)
 
 
 async def collect_completion(

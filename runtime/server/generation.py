@@ -63,8 +63,13 @@ class Generation:
     async def outputs(self) -> AsyncIterator[tuple[int, SequenceOutput]]:
         """Every output of every prompt as it arrives; raises a 503 if the engine aborted a sequence."""
         try:
-            async for prompt_index, output in self._merged():
-                yield self._account(prompt_index, output)
+            if len(self._streams) == 1:  # the common case, without the merging generator's hop per output
+                async for output in self._streams[0]:
+                    yield self._account(0, output)
+                self._ended.add(0)
+            else:
+                async for prompt_index, output in self._merged():
+                    yield self._account(prompt_index, output)
         except EngineError as exc:
             raise APIError(500, str(exc), error_type="server_error") from exc
 
@@ -80,11 +85,6 @@ class Generation:
         return prompt_index, output
 
     async def _merged(self) -> AsyncIterator[tuple[int, SequenceOutput]]:
-        if len(self._streams) == 1:
-            async for output in self._streams[0]:
-                yield 0, output
-            self._ended.add(0)
-            return
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
 
         async def pump(index: int, stream: RequestStream) -> None:
