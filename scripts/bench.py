@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import coldstart, embeddings, footprint, machine, report, sections
 from benchlib.pool import Worker, WorkerError
-from benchlib.prompts import PromptFactory
+from benchlib.prompts import PromptFactory, PromptsUsedUp
 from benchlib.systems import PROCESS_SNAPSHOT, REGISTRY
 from benchlib.systems.base import SystemConfig
 
@@ -305,4 +305,7 @@ def measure_memory(configs: list[SystemConfig], prompts: PromptFactory, plan: se
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except PromptsUsedUp as exc:
+        sys.exit(f"bench: {exc}")

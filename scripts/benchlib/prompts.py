@@ -44,6 +44,10 @@ def source_text() -> tuple[str, str]:
     return ", ".join(p.name for p in paths), text
 
 
+class PromptsUsedUp(ValueError):
+    """The run asks for more distinct prompts than the prompt text holds."""
+
+
 class PromptFactory:
     """Hands out distinct prompts of exactly `length` tokens, deterministically."""
 
@@ -54,13 +58,24 @@ class PromptFactory:
         self.source, text = source_text()
         self._ids = self._tokenizer.encode(text, add_special_tokens=False).ids
         self._cursor = 0
+        self._passes = 0  # times the text was used up and started over
 
     def take(self, length: int) -> Prompt:
-        """The next window of `length` tokens that round-trips and starts unlike every earlier prompt."""
+        """The next window of `length` tokens that round-trips and starts unlike every earlier prompt.
+
+        Once the text is used up, windows start over one token further in: they overlap earlier prompts'
+        text but never start like one, which is all a prefix cache could reuse.
+        """
         for _ in range(MAX_ATTEMPTS):
             start = self._cursor
-            if start + length > len(self._ids):
-                raise ValueError(f"the prompt text ({len(self._ids)} tokens) is used up; the run asks for too much")
+            while start + length > len(self._ids):
+                self._passes += 1
+                if self._passes >= min(length, len(self._ids) - length + 1):
+                    raise PromptsUsedUp(
+                        f"the prompt text ({len(self._ids)} tokens) has no more distinct {length}-token windows; "
+                        "ask for fewer rounds"
+                    )
+                start = self._cursor = self._passes
             window = self._ids[start : start + length]
             self._cursor = start + 1
             if tuple(window[:PREFIX_KEY]) in self._prefixes:
