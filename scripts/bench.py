@@ -133,6 +133,7 @@ def available(systems: list[str], notes: list[str]) -> list[str]:
         "onnxfn-http": "runtime.__main__",
         "onnxfn-http-throughput": "runtime.__main__",
         "genai": "onnxruntime_genai",
+        "ort-loop": "onnxruntime",
         "llamacpp": "llama_cpp",
         "llamacpp-server": "llama_cpp.server",
         "transformers": "transformers",
@@ -179,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         notes.append(
             f"onnxfn prefills prompts through the bundle's {prompt_graph} ({matmuls} on the same weights, logits of "
             "each prompt's last position only: the prefill graph it picks on this CPU) and decodes through "
-            "model.onnx; onnxruntime-genai runs model.onnx (the builder's graph) for both, so its tokens may differ"
+            "model.onnx; onnxruntime-genai and ort-loop run model.onnx (the builder's graph) for both, so their tokens "
+            "may differ"
         )
     configs = [
         SystemConfig(s, str(bundle), str(gguf), str(hf_dir), args.threads, max(plan.concurrency_levels), sys.executable)

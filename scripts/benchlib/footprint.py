@@ -35,7 +35,7 @@ def dir_bytes(path: Path) -> int:
 
 
 def artifacts(bundle_dir: Path, gguf: Path, hf_dir: Path) -> dict[str, Artifact]:
-    """Per system: onnxfn and genai share the bundle; llama.cpp keeps an f16 KV; transformers runs fp32."""
+    """Per system: onnxfn, genai and ort-loop share the bundle; llama.cpp keeps an f16 KV; transformers runs fp32."""
     manifest = open_bundle(bundle_dir, verify=False).manifest
     facts = manifest.model
     kv_elements = 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim
@@ -55,6 +55,7 @@ def artifacts(bundle_dir: Path, gguf: Path, hf_dir: Path) -> dict[str, Artifact]
         "onnxfn-http": bundle,
         "onnxfn-http-throughput": throughput,
         "genai": bundle,
+        "ort-loop": bundle,
         "llamacpp": gguf_artifact,
         "llamacpp-server": gguf_artifact,
         "transformers": hf_artifact,

@@ -83,9 +83,10 @@ def measure_prefill(workers: list[Worker], prompts: PromptFactory, plan: Plan) -
     for length in plan.prefill_lengths:
         rounds = [prompts.take(length) for _ in range(WARMUP_ROUNDS + plan.repetitions)]
 
-        def job(worker: Worker, round_index: int, rounds: list = rounds) -> dict[str, Any]:
+        def job(worker: Worker, round_index: int, rounds: list = rounds, length: int = length) -> dict[str, Any]:
             (stream,) = worker.run([rounds[round_index]], 1)
-            return {"ttft_s": stream["first"]}
+            # Each round's rate too: the report pairs rounds on it.
+            return {"ttft_s": stream["first"], "tok_s": length / stream["first"]}
 
         results = interleave(workers, plan.repetitions, job)
         for result in results.values():

@@ -12,6 +12,8 @@ REGISTRY = {
     # The same server with `--decode throughput`: the prefill graph decodes too (EngineConfig.decode).
     "onnxfn-http-throughput": ("benchlib.systems.server", "ServerSystem"),
     "genai": ("benchlib.systems.genai", "GenaiSystem"),
+    # No engine at all: a bare ONNX Runtime loop over the same graph, the ceiling of a Python-driven engine.
+    "ort-loop": ("benchlib.systems.ortloop", "OrtLoopSystem"),
     "llamacpp": ("benchlib.systems.llamacpp", "LlamaCppSystem"),
     "llamacpp-server": ("benchlib.systems.server", "ServerSystem"),
     "transformers": ("benchlib.systems.hf", "TransformersSystem"),
