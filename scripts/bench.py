@@ -3,7 +3,9 @@
     .venv/bin/python scripts/bench.py            # the full run (~15 min on 2 cores)
     .venv/bin/python scripts/bench.py --quick    # a smoke run (~3 min)
     .venv/bin/python scripts/bench.py --sections decode,cold
-    .venv/bin/python scripts/bench.py --sections decode --systems onnxfn,genai --rounds 30 --out bench/batch1
+    .venv/bin/python scripts/bench.py --sections decode --systems onnxfn,genai,ort-loop --rounds 30 --out bench/batch1
+    .venv/bin/python scripts/bench.py --sections concurrency --systems onnxfn,onnxfn-http,genai,ort-loop \
+        --rounds 20 --out bench/concurrency
 
 Writes bench/results.md and bench/results.json. The method is /work/shared/BENCHMARKS.md: same prompt
 tokens, same new-token count (EOS ignored), same threads, warm-up excluded, interleaved rounds, medians.
