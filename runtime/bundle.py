@@ -44,6 +44,12 @@ class DecoderIO:
     present_key: str
     present_value: str
 
+    def cache_names(self, num_layers: int) -> list[tuple[str, str]]:
+        """(past, present) of each KV cache tensor, in graph order: every layer's key, then every layer's value."""
+        layers = range(num_layers)
+        keys = [(self.past_key % i, self.present_key % i) for i in layers]
+        return keys + [(self.past_value % i, self.present_value % i) for i in layers]
+
 
 @dataclass(frozen=True)
 class ModelFacts:

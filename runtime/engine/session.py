@@ -59,9 +59,7 @@ class DecoderSession:
         self._io = io
         self.attach_prefill(prefill_session or session)
         self._cache = list(cache)
-        layers = range(num_layers)
-        self._past_names = [io.past_key % i for i in layers] + [io.past_value % i for i in layers]
-        self._present_names = [io.present_key % i for i in layers] + [io.present_value % i for i in layers]
+        self._cache_names = io.cache_names(num_layers)
         self._bindings: dict[tuple[int, int, int], tuple[ort.IOBinding, dict[str, tuple[int, ...]]]] = {}
         max_context = self._cache[0].shape[2]
         self._vocab_size = vocab_size
@@ -230,7 +228,7 @@ class DecoderSession:
         entry = self._bindings.get(key)
         if entry is None:
             binding = session.io_binding()
-            for past, present, tensor in zip(self._past_names, self._present_names, self._cache, strict=True):
+            for (past, present), tensor in zip(self._cache_names, self._cache, strict=True):
                 view = ort.OrtValue.ortvalue_from_numpy(tensor[start:stop])
                 binding.bind_ortvalue_input(past, view)
                 binding.bind_ortvalue_output(present, view)

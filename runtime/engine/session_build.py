@@ -66,7 +66,7 @@ class WarmUp:
         facts, io = self.facts, self.facts.io
         empty = np.zeros((1, facts.num_kv_heads, 0, facts.head_dim), dtype=facts.kv_dtype)
         feed = {io.input_ids: np.zeros((1, 1), np.int64), io.attention_mask: np.ones((1, 1), np.int64)}
-        return feed | {name % i: empty for i in range(facts.num_layers) for name in (io.past_key, io.past_value)}
+        return feed | {past: empty for past, _ in io.cache_names(facts.num_layers)}
 
 
 _building: set[Future[ort.InferenceSession]] = set()

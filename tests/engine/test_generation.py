@@ -45,7 +45,8 @@ def reference_greedy(
     if (prefill := prefill_graph_file(bundle, config)) is not None:
         prompt_session = ort.InferenceSession(str(bundle.path / prefill), providers=["CPUExecutionProvider"])
     empty = np.zeros((1, facts.num_kv_heads, 0, facts.head_dim), np.float32)
-    past = {name % i: empty for i in range(facts.num_layers) for name in (io.past_key, io.past_value)}
+    cache_names = io.cache_names(facts.num_layers)
+    past = {name: empty for name, _ in cache_names}
     output_names = [o.name for o in session.get_outputs()]
     tokens, generated = list(prompt), []
     step_ids = np.array([prompt], np.int64)
@@ -55,9 +56,8 @@ def reference_greedy(
         token = int(out[io.logits][0, -1].argmax())
         generated.append(token)
         tokens.append(token)
-        for i in range(facts.num_layers):
-            past[io.past_key % i] = out[io.present_key % i]
-            past[io.past_value % i] = out[io.present_value % i]
+        for past_name, present_name in cache_names:
+            past[past_name] = out[present_name]
         step_ids = np.array([[token]], np.int64)
     return generated
 

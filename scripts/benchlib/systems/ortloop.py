@@ -25,10 +25,7 @@ class OrtLoopSystem:
         self._bundle = open_bundle(config.bundle, verify=False)
         self._facts = self._bundle.manifest.model
         self._session = create_session(self._bundle.model_path, SessionOptions(threads=config.threads))
-        layers = range(self._facts.num_layers)
-        io = self._facts.io
-        self._kv_names = [(io.past_key % i, io.present_key % i) for i in layers]
-        self._kv_names += [(io.past_value % i, io.present_value % i) for i in layers]
+        self._kv_names = self._facts.io.cache_names(self._facts.num_layers)
 
     def run(self, prompts: list[PromptSpec], max_tokens: int) -> list[StreamTiming]:
         lengths = {len(p.ids) for p in prompts}
