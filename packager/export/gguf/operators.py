@@ -1,0 +1,157 @@
+"""The ONNX nodes that compute with a GGUF tensor's blocks: MatMulNBits for matmuls, GatherBlockQuantized for
+embeddings, and the residual term of types with a block minimum (blocks.py says why it is there).
+
+A weight of several layouts (a fused q/k/v projection whose v rows come from another GGUF type) becomes one
+operator per run of rows, their outputs concatenated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from onnx import NodeProto, TensorProto, helper
+
+from packager.export.external_data import WeightFile
+from packager.export.gguf.blocks import BlockWeight
+
+MS_DOMAIN = "com.microsoft"
+
+
+@dataclass(frozen=True)
+class FloatWeight:
+    """Rows kept in the source's float type (F32, F16, BF16): widened to float32 by a Cast that ONNX Runtime folds
+    at load, so the file holds them at their own width."""
+
+    values: np.ndarray  # [rows, K] float32, float16 or a bfloat16 bit pattern as uint16
+    data_type: int  # TensorProto.FLOAT, FLOAT16 or BFLOAT16
+
+    @property
+    def layout(self) -> tuple[str, int]:
+        return ("float", self.data_type)
+
+
+Weight = BlockWeight | FloatWeight
+
+
+def pack(weight: BlockWeight) -> np.ndarray:
+    """MatMulNBits' B: `[rows, blocks, block_size * bits / 8]` uint8, 4-bit values low nibble first."""
+    rows, k = weight.values.shape
+    values = weight.values.reshape(rows, k // weight.block_size, weight.block_size)
+    if weight.bits == 8:
+        return values
+    return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
+
+
+def pack_zero_points(weight: BlockWeight) -> np.ndarray:
+    """Zero points `[rows, blocks]`; 4-bit ones two to a byte, low nibble first, each row padded to whole bytes."""
+    zero = weight.zero_points
+    assert zero is not None
+    if weight.bits == 8:
+        return zero
+    if zero.shape[1] % 2:
+        zero = np.concatenate([zero, np.zeros((zero.shape[0], 1), np.uint8)], axis=1)
+    return (zero[:, 0::2] | (zero[:, 1::2] << 4)).astype(np.uint8)
+
+
+@dataclass
+class GraphBuilder:
+    """New nodes and initializers for one graph; block sums of an input are computed once for all its consumers."""
+
+    weights: WeightFile
+    accuracy_level: int
+    nodes: list[NodeProto] = field(default_factory=list)
+    _block_sums: dict[tuple[str, int], str] = field(default_factory=dict)
+    _packed: dict[str, str] = field(default_factory=dict)  # weight key -> MatMulNBits B initializer
+
+    def node(self, op: str, inputs: list[str], output: str, name: str, **attributes: object) -> str:
+        domain = MS_DOMAIN if op in ("MatMulNBits", "GatherBlockQuantized") else ""
+        self.nodes.append(helper.make_node(op, inputs, [output], name=name, domain=domain, **attributes))
+        return output
+
+    def constant(self, name: str, array: np.ndarray, data_type: int | None = None) -> str:
+        return name if name in self.weights else self.weights.add(name, array, data_type)
+
+    def matmul(self, x: str, output: str, runs: list[tuple[str, Weight]], name: str) -> None:
+        """`output = x @ W.T` for W the rows of `runs` (each `(key, weight)`, in order), keyed for reuse."""
+        if len(runs) == 1:
+            self._matmul_run(x, output, *runs[0], name)
+            return
+        parts = [self._matmul_run(x, f"{output}/run{i}", key, w, f"{name}/run{i}") for i, (key, w) in enumerate(runs)]
+        self.node("Concat", parts, output, f"{name}/Concat", axis=-1)
+
+    def _matmul_run(self, x: str, output: str, key: str, weight: Weight, name: str) -> str:
+        if isinstance(weight, FloatWeight):
+            stored = self.constant(f"{key}.T", np.ascontiguousarray(weight.values.T), weight.data_type)
+            if weight.data_type != TensorProto.FLOAT:
+                stored = self.node("Cast", [stored], f"{key}.T/float", f"{name}/Cast", to=TensorProto.FLOAT)
+            return self.node("MatMul", [x, stored], output, name)
+        rows, k = weight.values.shape
+        inputs = [x, self._packed_blocks(key, weight), self.constant(f"{key}.scales", weight.scales)]
+        if weight.zero_points is not None:
+            inputs.append(self.constant(f"{key}.zero_points", pack_zero_points(weight)))
+        main = output if weight.residual is None else f"{output}/blocks"
+        self.node(
+            "MatMulNBits", inputs, main, f"{name}/MatMulNBits",
+            K=k, N=rows, bits=weight.bits, block_size=weight.block_size, accuracy_level=self.accuracy_level,
+        )  # fmt: skip
+        if weight.residual is None:
+            return output
+        residual = self.constant(f"{key}.residual_t", np.ascontiguousarray(weight.residual.T))
+        sums = self._block_sum(x, k, weight.block_size, name)
+        correction = self.node("MatMul", [sums, residual], f"{output}/residual", f"{name}/residual/MatMul")
+        return self.node("Add", [main, correction], output, f"{name}/residual/Add")
+
+    def _packed_blocks(self, key: str, weight: BlockWeight) -> str:
+        if key not in self._packed:
+            self._packed[key] = self.constant(f"{key}.blocks", pack(weight))
+        return self._packed[key]
+
+    def _block_sum(self, x: str, k: int, block_size: int, consumer: str) -> str:
+        """`x` summed over each block of its last axis `[..., k / block_size]`, as a matmul with a 0/1 matrix
+        (measured faster per decode step than Reshape + ReduceSum in the probe)."""
+        cached = self._block_sums.get((x, block_size))
+        if cached is None:
+            blocks = k // block_size
+            indicator = np.kron(np.eye(blocks, dtype=np.float32), np.ones((block_size, 1), np.float32))
+            ones = self.constant(f"gguf.block_indicator.{k}x{block_size}", indicator)
+            cached = self.node("MatMul", [x, ones], f"{x}/block_sums{block_size}", f"{consumer}/block_sums/MatMul")
+            self._block_sums[(x, block_size)] = cached
+        return cached
+
+    def gather(self, indices: str, output: str, key: str, weight: Weight, name: str) -> None:
+        """`output = W[indices]` (an embedding lookup) on the weight's own blocks."""
+        if isinstance(weight, FloatWeight):
+            table = self.constant(f"{key}.table", weight.values, weight.data_type)
+            if weight.data_type != TensorProto.FLOAT:
+                table = self.node("Cast", [table], f"{key}.table/float", f"{name}/Cast", to=TensorProto.FLOAT)
+            self.node("Gather", [table, indices], output, name)
+            return
+        rows, k = weight.values.shape
+        packed = self._packed_blocks(key, weight)
+        data = f"{packed}.rows"
+        if data not in self.weights:
+            self.weights.alias(data, packed, (rows, k * weight.bits // 8))
+        inputs = [data, indices, self.constant(f"{key}.scales", weight.scales)]
+        if weight.zero_points is not None:
+            inputs.append(self.constant(f"{key}.zero_points", pack_zero_points(weight)))
+        main = output if weight.residual is None else f"{output}/blocks"
+        self.node(
+            "GatherBlockQuantized", inputs, main, f"{name}/GatherBlockQuantized",
+            bits=weight.bits, block_size=weight.block_size, gather_axis=0, quantize_axis=1,
+        )  # fmt: skip
+        if weight.residual is None:
+            return
+        # Each gathered row plus its blocks' residuals: [..., blocks, block] + [..., blocks, 1].
+        blocks = k // weight.block_size
+        table = self.constant(f"{key}.residual", weight.residual)
+        picked = self.node("Gather", [table, indices], f"{output}/residual", f"{name}/residual/Gather")
+        axis = self.constant("gguf.axis_last", np.array([-1], np.int64))
+        column = self.node("Unsqueeze", [picked, axis], f"{output}/residual_column", f"{name}/residual/Unsqueeze")
+        split = self.constant(
+            f"gguf.shape.blocks{blocks}x{weight.block_size}", np.array([0, 0, blocks, weight.block_size])
+        )
+        grouped = self.node("Reshape", [main, split], f"{output}/grouped", f"{name}/residual/Reshape")
+        summed = self.node("Add", [grouped, column], f"{output}/corrected", f"{name}/residual/Add")
+        flat = self.constant(f"gguf.shape.flat{k}", np.array([0, 0, k]))
+        self.node("Reshape", [summed, flat], output, f"{name}/residual/Flatten")
