@@ -18,11 +18,12 @@ from packager.cache import cached_json, digest_of
 from packager.encoder.build import EncoderBuildResult, build_encoder_function
 from packager.errors import UserError
 from packager.export.builder import ExportOptions, ExportResult, check_architecture, export_decoder
+from packager.export.gguf import export_gguf
 from packager.export.graph import check_decoder_graph
 from packager.export.prefill import PREFILL_GRAPH_VERSION
 from packager.paths import bundle_dir
 from packager.progress import StepProgress
-from packager.quantize import REFERENCE, budget_of, candidate_options
+from packager.quantize import GGUF, REFERENCE, budget_of, candidate_options, yardstick_options
 from packager.snapshot import SNAPSHOT_VERSION
 from packager.sources import SourceModel, resolve_source
 from packager.spec import ENCODER_TASKS, FunctionSpec
@@ -46,6 +47,7 @@ class BuildResult:
     manifest: Manifest
     chosen: CandidateQuality
     candidates: list[CandidateQuality]
+    compared: list[CandidateQuality]  # measured beside the chosen one, not candidates (quantize.YARDSTICK)
     parity: ReferenceParity
     ops: Counter[str]
     bundle_reused: bool
@@ -72,16 +74,22 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
     if spec.model.task in ENCODER_TASKS:
         return build_encoder_function(spec, progress)
     source = resolve_source(spec.model.source, spec.directory, progress)
+    if spec.export.precision == GGUF and source.gguf_file is None:
+        raise UserError(
+            f"export.precision = 'gguf' keeps a GGUF file's own quantization, but model.source = "
+            f"{spec.model.source!r} is a model folder; use a gguf: source, or precision auto, int8, int4 or fp32",
+            exit_code=2,
+        )
     architecture = check_architecture(source.hf_dir)
-    reference = _export(source, REFERENCE, progress)
+    reference = _export(source, REFERENCE, None, progress)
     parity = _parity(source, reference, progress)
     budget = budget_of(spec.export)
     evaluator = _Evaluator(reference, progress)
 
     candidates: list[CandidateQuality] = []
     chosen: tuple[ExportResult, CandidateQuality, Counter[str]] | None = None
-    for options in candidate_options(spec.export):
-        export = reference if options == REFERENCE else _export(source, options, progress)
+    for options in candidate_options(spec.export, gguf_source=source.gguf_file is not None):
+        export = _export(source, options, reference, progress)
         ops = check_decoder_graph(export.directory / "model.onnx", options.precision)
         quality = _verify(export, reference, budget, evaluator, progress)
         candidates.append(quality)
@@ -92,9 +100,15 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
         raise UserError(_budget_failure(spec, candidates))
 
     export, quality, ops = chosen
+    compared = []
+    yardstick = yardstick_options(spec.export, quality.precision, [c.precision for c in candidates])
+    if yardstick is not None:
+        compared.append(
+            _verify(_export(source, yardstick, reference, progress), reference, budget, evaluator, progress)
+        )
     with tempfile.TemporaryDirectory() as tmp:
         quality_path = Path(tmp) / "quality.json"
-        write_quality_json(quality_path, parity, candidates, quality.precision, budget)
+        write_quality_json(quality_path, parity, candidates, quality.precision, budget, compared)
         quality_json = quality_path.read_bytes()
     build_key = digest_of(
         "bundle", FORMAT_VERSION, metadata.version("onnxfn"), spec.digest, export.key, quality_json,
@@ -119,7 +133,9 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
             )
             write_bundle(inputs, target)
             manifest = open_bundle(target).manifest
-    return BuildResult(spec, target, manifest, quality, candidates, parity, ops, bundle_reused=step.record.cached)
+    return BuildResult(
+        spec, target, manifest, quality, candidates, compared, parity, ops, bundle_reused=step.record.cached
+    )
 
 
 def _verify(
@@ -144,7 +160,19 @@ def _verify(
     return CandidateQuality(**{**data, "failures": tuple(data["failures"])})
 
 
-def _export(source: SourceModel, options: ExportOptions, progress: StepProgress) -> ExportResult:
+def _export(
+    source: SourceModel, options: ExportOptions, reference: ExportResult | None, progress: StepProgress
+) -> ExportResult:
+    """The export of `options`; `reference`: the fp32 export (None while it is made), which `gguf` starts from."""
+    if options == REFERENCE and reference is not None:
+        return reference
+    if options.precision == GGUF:
+        assert source.gguf_file is not None and reference is not None
+        with progress.step("export gguf", f"carry {source.gguf_file.name}'s own blocks into the fp32 graph") as step:
+            result = export_gguf(source.gguf_file, source.content_key, reference, options)
+            if result.reused:
+                step.cached()
+        return result
     with progress.step(
         f"export {options.precision}", f"export {options.precision} ONNX (onnxruntime-genai builder)"
     ) as step:

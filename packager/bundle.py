@@ -15,7 +15,8 @@ from importlib import metadata
 from pathlib import Path
 
 from packager.errors import UserError
-from packager.export.prefill import write_prefill_graph
+from packager.export.gguf import CARRY_REPORT
+from packager.export.prefill import write_prefill_graphs
 from packager.snapshot import add_snapshot
 from packager.spec import FunctionSpec
 from runtime.bundle import (
@@ -136,7 +137,8 @@ def write_bundle(inputs: BundleInputs, target: Path) -> Manifest:
 
 def _assemble(inputs: BundleInputs, out: Path) -> Manifest:
     files: dict[str, FileEntry] = {}
-    for name in (*MODEL_FILES, *TOKENIZER_FILES, GENAI_CONFIG):
+    # CARRY_REPORT: a `gguf` export's record of the GGUF rows each weight holds, so anyone can check it.
+    for name in (*MODEL_FILES, *TOKENIZER_FILES, GENAI_CONFIG, CARRY_REPORT):
         source = inputs.export_dir / name
         if not source.is_file():
             if name in MODEL_FILES or name == "tokenizer.json":
@@ -147,8 +149,8 @@ def _assemble(inputs: BundleInputs, out: Path) -> Manifest:
         # Digests recorded when the export was cached; re-hash only files without one.
         files[name] = FileEntry(**known) if known else file_digest(out / name)  # type: ignore[arg-type]
     if inputs.spec.export.prefill_graph and inputs.spec.runtime.providers[:1] == ["cpu"]:
-        # The runtime prefills through this graph on the CPU (fp32 matmuls, last-position logits).
-        for name in write_prefill_graph(out, "model.onnx"):
+        # The runtime prefills through these graphs on the CPU (last-position logits; export/prefill.py).
+        for name in write_prefill_graphs(out, "model.onnx"):
             files[name] = file_digest(out / name)
     (out / QUALITY_FILE).write_bytes(inputs.quality_json)
     files[QUALITY_FILE] = file_digest(out / QUALITY_FILE)

@@ -1,9 +1,12 @@
 """Which precisions to try, in which order, and how `auto` picks one under the quality budget.
 
-`auto` tries the most compressed scheme first and keeps the first that stays within the budget,
-so a model that tolerates int4 gets int4 and one that does not (the demo: int4 re-quantized from
-Q4_1 loses too much) falls back to int8, with the failing figures recorded in quality.json.
-fp32 is the reference every candidate is measured against, so it always passes.
+`auto` tries the most compressed scheme first and keeps the first that stays within the budget. A GGUF
+source is tried first as it is (`gguf`: its own blocks, no re-quantization, about the file's size), then
+int4, int8 and fp32 re-quantized from it; a model that tolerates int4 gets int4, one that does not falls
+back to int8, with the failing figures recorded in quality.json. fp32 is the reference every candidate
+is measured against, so it always passes. When `auto` keeps `gguf`, int8 is measured beside it
+(`YARDSTICK`): quality.json then shows what the user's own quantization costs against the best
+re-quantization onnxfn would ship instead.
 
 Measured and left out (demo model, 2 threads, this repo's quality method): int8 weights per channel
 with int8 activations quantized at run time (`MatMulInteger`, which ONNX Runtime fuses into
@@ -24,18 +27,30 @@ from packager.spec import ExportSection
 from packager.verify import QualityBudget
 
 AUTO_ORDER = ("int4", "int8", "fp32")
+GGUF = "gguf"
+YARDSTICK = "int8"
 # Quantization options do not apply to fp32: one canonical fp32 export serves as reference and candidate.
 REFERENCE = ExportOptions("fp32")
 
 
-def candidate_options(export: ExportSection) -> list[ExportOptions]:
-    precisions = AUTO_ORDER if export.precision == "auto" else (export.precision,)
-    return [
-        REFERENCE
-        if p == "fp32"
-        else ExportOptions(p, block_size=export.block_size, accuracy_level=export.accuracy_level)
-        for p in precisions
-    ]
+def candidate_options(export: ExportSection, gguf_source: bool) -> list[ExportOptions]:
+    """The candidates in the order `pkg build` tries them; `gguf_source`: the model comes from a GGUF file."""
+    first = (GGUF,) if gguf_source else ()
+    precisions = first + AUTO_ORDER if export.precision == "auto" else (export.precision,)
+    return [export_options(export, p) for p in precisions]
+
+
+def yardstick_options(export: ExportSection, chosen: str, tried: list[str]) -> ExportOptions | None:
+    """The candidate measured beside a `gguf` that `auto` kept, unless it was already tried."""
+    if export.precision != "auto" or chosen != GGUF or YARDSTICK in tried:
+        return None
+    return export_options(export, YARDSTICK)
+
+
+def export_options(export: ExportSection, precision: str) -> ExportOptions:
+    if precision == "fp32":
+        return REFERENCE
+    return ExportOptions(precision, block_size=export.block_size, accuracy_level=export.accuracy_level)
 
 
 def budget_of(export: ExportSection) -> QualityBudget:

@@ -20,7 +20,7 @@ from packager.errors import UserError
 
 SPEC_FILE = "function.toml"
 ENCODER_PRECISIONS = ("auto", "fp32", "int8", "int8-mixed", "int8-nbits")
-DECODER_PRECISIONS = ("auto", "fp32", "int8", "int4")
+DECODER_PRECISIONS = ("auto", "gguf", "fp32", "int8", "int4")
 ENCODER_TASKS = ("embedding", "classification")
 
 
@@ -58,8 +58,9 @@ class QualitySection:
 
 @dataclass(frozen=True)
 class ExportSection:
-    # int8-mixed and int8-nbits are encoder schemes (`ENCODER_TASKS`), see `ENCODER_PRECISIONS`.
-    precision: str = choice("auto", "fp32", "int8", "int4", "int8-mixed", "int8-nbits", default="auto")
+    # int8-mixed and int8-nbits are encoder schemes (`ENCODER_TASKS`), see `ENCODER_PRECISIONS`; `gguf` keeps a GGUF
+    # source's own quantized blocks (packager/export/gguf/).
+    precision: str = choice("auto", "gguf", "fp32", "int8", "int4", "int8-mixed", "int8-nbits", default="auto")
     block_size: int = field(default=32, metadata={"choices": (16, 32, 64, 128, 256)})
     accuracy_level: int = field(default=4, metadata={"choices": (1, 2, 3, 4)})
     max_context: int = bounded(2048, lo=16, hi=131072)

@@ -295,7 +295,9 @@ def write_quality_json(
     candidates: list[CandidateQuality],
     chosen: str,
     budget: QualityBudget,
+    compared: list[CandidateQuality] | None = None,
 ) -> None:
+    """`compared`: figures measured beside the candidates for reference (quantize.YARDSTICK), never chosen."""
     report: dict[str, Any] = {
         "format_version": QUALITY_FORMAT_VERSION,
         "chosen": chosen,
@@ -303,6 +305,7 @@ def write_quality_json(
         "reference": "fp32",
         "torch_parity": asdict(parity) if parity is not None else None,
         "candidates": [_candidate_json(candidate) for candidate in candidates],
+        "compared": [_candidate_json(candidate) for candidate in compared or []],
         "method": {
             "prompts": len(load_prompts()),
             "continuation_tokens": CONTINUATION_TOKENS,
@@ -337,12 +340,16 @@ def render_chat(chat_template: str, messages: list[dict[str, str]]) -> str:
 
 
 def prompt_token_ids(tokenizer: Tokenizer, chat_template: str | None) -> list[list[int]]:
-    """Token ids of every fixed prompt; without a chat template, the messages' contents as plain text."""
+    """Token ids of every fixed prompt; without a chat template, the messages' contents as plain text.
+
+    Plain text is encoded the way the completions API encodes it: with the tokenizer's own special tokens
+    (Gemma's `<bos>`; a base model without it degenerates). A chat template writes them itself.
+    """
     texts = [
         render_chat(chat_template, messages) if chat_template else "\n".join(m["content"] for m in messages)
         for messages in load_prompts()
     ]
-    return [tokenizer.encode(text, add_special_tokens=False).ids for text in texts]
+    return [tokenizer.encode(text, add_special_tokens=chat_template is None).ids for text in texts]
 
 
 def _raise_template_error(message: str) -> None:

@@ -86,8 +86,10 @@ def _print_summary(result: BuildResult, progress: StepProgress, elapsed: float) 
     quality = Table(title="quality against fp32 (budget: function.toml \\[export.quality])")
     for column in ("precision", "top-1 agree", "mean KL", "max KL", "ppl +%", "greedy match", "verdict"):
         quality.add_column(column, justify="left" if column == "verdict" else "right")
-    for c in result.candidates:
+    for c in [*result.candidates, *result.compared]:
         verdict = "pass" if c.passes else "[red]fail[/]"
+        if c in result.compared:
+            verdict = "compared"
         quality.add_row(
             c.precision,
             f"{c.top1_agreement:.3f}",

@@ -27,6 +27,7 @@ class SourceModel:
     origin: str  # what the user wrote, resolved to an absolute path
     content_key: str  # sha256 over the source's bytes: the cache key of everything derived from it
     reused: bool  # True when the folder came from the cache
+    gguf_file: Path | None = None  # the source GGUF, whose blocks precision `gguf` keeps; None for a folder
 
 
 def resolve_source(source: str, function_dir: Path, progress: StepProgress) -> SourceModel:
@@ -34,7 +35,7 @@ def resolve_source(source: str, function_dir: Path, progress: StepProgress) -> S
     if path.is_dir():
         return SourceModel(hf_dir=path, origin=str(path), content_key=hf_folder_key(path), reused=False)
     hf_dir, key, reused = dequantize_gguf(path, progress)
-    return SourceModel(hf_dir=hf_dir, origin=str(path), content_key=key, reused=reused)
+    return SourceModel(hf_dir=hf_dir, origin=str(path), content_key=key, reused=reused, gguf_file=path)
 
 
 def locate_source(source: str, function_dir: Path) -> Path:

@@ -48,6 +48,9 @@ class EngineConfig:
     # A directory of this bundle's graphs with their weights packed for this CPU (engine/prepacked.py): the
     # packed weights are memory-mapped from there instead of packed onto the heap at every start.
     prepacked: Path | None = None
+    # Where graphs derived from the bundle are written and read (engine/derived.py: a quantized bundle's fp32
+    # prefill graph weights); None: `$ONNXFN_STATE_DIR/derived/DIGEST`.
+    derived: Path | None = None
     # Prompt-lookup speculative decoding for greedy requests (engine/speculative.py): up to
     # `speculative_tokens` drafted tokens verified per decode forward.
     speculative: bool = False

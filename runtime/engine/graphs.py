@@ -6,7 +6,9 @@ for each row's last position only: `prefill.onnx` with fp32 matmuls, and, for a 
 prefills through one of those: the quantized one on a CPU with int8 dot products (where its matmuls are
 the faster ones, and it needs no fp32 copy of the weights in memory), the fp32 one elsewhere
 (`EngineConfig.prefill_matmuls`). In `throughput` mode (`EngineConfig.decode`) the fp32 prefill graph is
-the engine's only graph and decodes too. Any graph may load from a prepacked copy (prepacked.py).
+the engine's only graph and decodes too. A quantized bundle's fp32 prefill graph comes with a recipe for its
+weights instead of the weights (derived.py): it loads from the directory they are derived into. Any graph may
+load from a prepacked copy (prepacked.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from runtime.bundle import Bundle
 from runtime.engine.config import EngineConfig
+from runtime.engine.derived import DerivedGraphs, default_directory, recipe_name
 from runtime.engine.prepacked import PrepackedGraphs
 
 PREFILL_MODEL_FILE = "prefill.onnx"  # fp32 matmuls
@@ -29,11 +32,12 @@ ROW_LAST_POSITIONS = ("onnxfn.prefill_logits", "last position of each row")
 
 
 def bundle_graphs(bundle: Bundle, config: EngineConfig | None = None) -> list[Path]:
-    """The decoder graphs an engine with `config` (default: the defaults) loads from `bundle`."""
+    """The decoder graphs an engine with `config` (default: the defaults) loads from `bundle`, derived ones from
+    where they are derived (writing them first if they are not there yet)."""
     config = config or EngineConfig()
     prefill = prefill_graph_file(bundle, config)
     decode = [] if decodes_with_prefill_graph(bundle, config) else [bundle.model_path]
-    return [*decode, *([bundle.path / prefill] if prefill is not None else [])]
+    return [*decode, *([graph_source(bundle, prefill, config)] if prefill is not None else [])]
 
 
 def prefill_graph_usable(bundle: Bundle, config: EngineConfig) -> bool:
@@ -84,7 +88,15 @@ def prefill_graph_path(bundle: Bundle, config: EngineConfig) -> Path:
     prefill = prefill_graph_file(bundle, config)
     if prefill is None:
         raise ValueError("the engine runs no prefill graph of this bundle")
-    return _loaded_from(bundle, bundle.path / prefill, config)
+    return _loaded_from(bundle, graph_source(bundle, prefill, config), config)
+
+
+def graph_source(bundle: Bundle, name: str, config: EngineConfig) -> Path:
+    """The bundle's graph `name`, or its derived copy (written now if need be) when the bundle carries a recipe for its
+    weights instead of them."""
+    if recipe_name(name) not in bundle.manifest.files:
+        return bundle.path / name
+    return DerivedGraphs(config.derived or default_directory(bundle)).graph(bundle, name)
 
 
 def _loaded_from(bundle: Bundle, graph: Path, config: EngineConfig) -> Path:

@@ -10,7 +10,7 @@ import pytest
 
 from runtime.bundle import Bundle
 from runtime.engine.engine import Engine, EngineConfig
-from runtime.engine.graphs import PREFILL_MODEL_FILE, decode_graph_path, prefill_graph_file
+from runtime.engine.graphs import PREFILL_MODEL_FILE, decode_graph_path, graph_source, prefill_graph_file
 from runtime.engine.request import FinishReason, GenerationRequest, SamplingParams
 from runtime.engine.tokenizer import Tokenizer
 from tests.engine.conftest import chat_ids
@@ -43,7 +43,9 @@ def reference_greedy(
     session = ort.InferenceSession(str(decode_graph_path(bundle, config)), providers=["CPUExecutionProvider"])
     prompt_session = session
     if (prefill := prefill_graph_file(bundle, config)) is not None:
-        prompt_session = ort.InferenceSession(str(bundle.path / prefill), providers=["CPUExecutionProvider"])
+        prompt_session = ort.InferenceSession(
+            str(graph_source(bundle, prefill, config)), providers=["CPUExecutionProvider"]
+        )
     empty = np.zeros((1, facts.num_kv_heads, 0, facts.head_dim), np.float32)
     cache_names = io.cache_names(facts.num_layers)
     past = {name: empty for name, _ in cache_names}

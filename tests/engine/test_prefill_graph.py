@@ -12,11 +12,12 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from packager.export.prefill import PREFILL_DATA_FILE, dequantize_nbits
+from packager.export.prefill import PREFILL_RECIPE_FILE
 from runtime.bundle import Bundle, open_bundle
 from runtime.engine import graphs
 from runtime.engine.engine import Engine, EngineConfig
-from runtime.engine.graphs import PREFILL_MODEL_FILE, QUANTIZED_PREFILL_FILE, prefill_graph_file
+from runtime.engine.derived import dequantize_nbits
+from runtime.engine.graphs import PREFILL_MODEL_FILE, QUANTIZED_PREFILL_FILE, graph_source, prefill_graph_file
 from runtime.engine.kv_cache import KVPool
 from runtime.engine.request import GenerationRequest, SamplingParams
 from runtime.engine.session import DecoderSession
@@ -25,9 +26,14 @@ from runtime.engine.tokenizer import Tokenizer
 from tests.engine.conftest import chat_ids
 
 
-def _matmul_nbits(packed: np.ndarray, scales: np.ndarray, bits: int, k: int, n: int) -> ort.InferenceSession:
+def _matmul_nbits(
+    packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, bits: int, k: int, n: int
+) -> ort.InferenceSession:
+    initializers = [onnx.numpy_helper.from_array(packed, "b"), onnx.numpy_helper.from_array(scales, "scales")]
+    if zero_points is not None:
+        initializers.append(onnx.numpy_helper.from_array(zero_points, "zero_points"))
     node = helper.make_node(
-        "MatMulNBits", ["a", "b", "scales"], ["y"], domain="com.microsoft",
+        "MatMulNBits", ["a", *(i.name for i in initializers)], ["y"], domain="com.microsoft",
         K=k, N=n, bits=bits, block_size=32, accuracy_level=0,
     )  # fmt: skip
     graph = helper.make_graph(
@@ -35,23 +41,27 @@ def _matmul_nbits(packed: np.ndarray, scales: np.ndarray, bits: int, k: int, n: 
         "nbits",
         [helper.make_tensor_value_info("a", TensorProto.FLOAT, [None, k])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
-        [onnx.numpy_helper.from_array(packed, "b"), onnx.numpy_helper.from_array(scales, "scales")],
+        initializers,
     )
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
+@pytest.mark.parametrize("zero_points", [False, True], ids=["default-zero-point", "zero-points"])
 @pytest.mark.parametrize("bits", [4, 8])
-def test_dequantized_weights_reproduce_matmul_nbits(bits: int) -> None:
+def test_dequantized_weights_reproduce_matmul_nbits(bits: int, zero_points: bool) -> None:
     rng = np.random.default_rng(bits)
     k, n = 80, 24  # K not a multiple of the block: the padding of the last block must be dropped
     blocks = -(-k // 32)
     packed = rng.integers(0, 256, size=(n, blocks, 32 * bits // 8), dtype=np.uint8)
     scales = rng.uniform(0.01, 0.1, size=(n, blocks)).astype(np.float32)
+    # 4-bit zero points two to a byte, each row padded to whole bytes (3 blocks: 2 bytes)
+    zero = rng.integers(0, 256, size=(n, blocks * bits // 8 + (blocks * bits % 8 > 0)), dtype=np.uint8)
+    zero = zero if zero_points else None
     a = rng.standard_normal((5, k)).astype(np.float32)
-    (expected,) = _matmul_nbits(packed, scales, bits, k, n).run(None, {"a": a})
-    weight = dequantize_nbits(packed, scales, bits, k)
+    (expected,) = _matmul_nbits(packed, scales, zero, bits, k, n).run(None, {"a": a})
+    weight = dequantize_nbits(packed, scales, bits, k, zero)
     assert weight.shape == (k, n)
     np.testing.assert_allclose(a @ weight, expected, rtol=1e-4, atol=1e-4)
 
@@ -64,7 +74,7 @@ def test_prefill_graph_returns_the_last_position_of_the_same_model(
     files = bundle.manifest.files
     if PREFILL_MODEL_FILE not in files:
         pytest.skip("the test bundle was built without a prefill graph")
-    assert {PREFILL_DATA_FILE, QUANTIZED_PREFILL_FILE} <= set(files)  # int8 demo: the matmuls were dequantized
+    assert {PREFILL_RECIPE_FILE, QUANTIZED_PREFILL_FILE} <= set(files)  # quantized demo: fp32 weights derived here
     facts = bundle.manifest.model
     io = facts.io
     prompt = np.array([chat_ids(tokenizer, "Why is the sky blue?")], np.int64)
@@ -72,7 +82,7 @@ def test_prefill_graph_returns_the_last_position_of_the_same_model(
     feed = {io.input_ids: prompt, io.attention_mask: np.ones_like(prompt)}
     feed |= {name % i: empty for i in range(facts.num_layers) for name in (io.past_key, io.past_value)}
     full = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
-    prefill = ort.InferenceSession(str(bundle.path / graph), providers=["CPUExecutionProvider"])
+    prefill = ort.InferenceSession(str(graph_source(bundle, graph, EngineConfig())), providers=["CPUExecutionProvider"])
     (all_positions,) = full.run([io.logits], feed)
     (last,) = prefill.run([io.logits], feed)
     assert all_positions.shape == (1, prompt.shape[1], facts.vocab_size)
@@ -195,7 +205,7 @@ def test_prompts_prefilled_in_one_run_match_each_prefilled_alone(
     options = SessionOptions()
     decoder = DecoderSession(
         create_session(bundle.model_path, options), facts.io, facts.num_layers, pool.tensors, facts.vocab_size,
-        max_rows=3, max_chunk=64, prefill_session=create_session(bundle.path / graph, options),
+        max_rows=3, max_chunk=64, prefill_session=create_session(graph_source(bundle, graph, EngineConfig()), options),
     )  # fmt: skip
     assert decoder.prefills_prompts_together
     prompts = [chat_ids(tokenizer, q) for q in ("hi", "Name a large river.", "Tell me a fun fact about octopuses.")]
@@ -264,7 +274,8 @@ def test_the_prefill_graph_follows_the_cpu_unless_configured(bundle: Bundle, mon
     assert on(vnni, providers=("cuda", "cpu")) is None
     monkeypatch.setattr(graphs, "cpu_flags", lambda: frozenset(vnni))
     assert graphs.bundle_graphs(bundle) == [bundle.model_path, bundle.path / QUANTIZED_PREFILL_FILE]
-    assert graphs.bundle_graphs(bundle, EngineConfig(decode="throughput")) == [bundle.path / PREFILL_MODEL_FILE]
+    throughput = EngineConfig(decode="throughput")
+    assert graphs.bundle_graphs(bundle, throughput) == [graph_source(bundle, PREFILL_MODEL_FILE, throughput)]
 
 
 def test_cpu_flags_are_the_kernels_first_cpu_line() -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from runtime.bundle import Bundle
 from runtime.engine.engine import Engine, EngineConfig
-from runtime.engine.graphs import PREFILL_MODEL_FILE, QUANTIZED_PREFILL_FILE, ROW_LAST_POSITIONS
+from runtime.engine.graphs import PREFILL_MODEL_FILE, QUANTIZED_PREFILL_FILE, ROW_LAST_POSITIONS, graph_source
 from runtime.engine.prepacked import META_FILE, PrepackedGraphs, data_file
 from runtime.engine.request import GenerationRequest, SamplingParams
 from runtime.engine.tokenizer import Tokenizer
@@ -31,7 +31,7 @@ ALL_GRAPHS = ("model.onnx", PREFILL_MODEL_FILE, QUANTIZED_PREFILL_FILE)
 def prepacked(bundle: Bundle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrepackedGraphs]:
     graphs = PrepackedGraphs(tmp_path_factory.mktemp("prepacked") / "prepacked")
     # Every graph of the bundle, whichever prefill graph this CPU runs: both decode modes are tested.
-    graphs.write(bundle, [bundle.path / name for name in ALL_GRAPHS], threads=2)
+    graphs.write(bundle, [graph_source(bundle, name, EngineConfig()) for name in ALL_GRAPHS], threads=2)
     yield graphs
 
 
@@ -79,7 +79,7 @@ def test_a_session_on_the_prepacked_graph_maps_its_weights_instead_of_packing_th
 ) -> None:
     # The resident anonymous memory of a process holding the session, each in a fresh process of its own.
     mapped_bytes = anonymous_bytes_with_session(prepacked.directory / PREFILL_MODEL_FILE)
-    heap_bytes = anonymous_bytes_with_session(bundle.path / PREFILL_MODEL_FILE)
+    heap_bytes = anonymous_bytes_with_session(graph_source(bundle, PREFILL_MODEL_FILE, EngineConfig()))
     assert heap_bytes - mapped_bytes > 300 << 20  # the demo's fp32 matmul weights, packed onto the heap
     assert mapped_bytes < heap_bytes / 4, (heap_bytes, mapped_bytes)
 

@@ -17,7 +17,7 @@ import pytest
 from runtime.bundle import Bundle
 from runtime.engine.constraints import json_object_grammar
 from runtime.engine.engine import Engine, EngineConfig
-from runtime.engine.graphs import prefill_graph_file
+from runtime.engine.graphs import graph_source, prefill_graph_file
 from runtime.engine.kv_cache import KVPool
 from runtime.engine.request import FinishReason, GenerationRequest, SamplingParams
 from runtime.engine.scheduler import SequenceState
@@ -62,7 +62,7 @@ def verify_session(bundle: Bundle) -> DecoderSession:
     options = SessionOptions()
     prefill = None
     if (prompt_graph := prefill_graph_file(bundle, EngineConfig())) is not None:
-        prefill = create_session(bundle.path / prompt_graph, options)
+        prefill = create_session(graph_source(bundle, prompt_graph, EngineConfig()), options)
     pool = KVPool(facts, 1, CONTEXT)
     session = create_session(bundle.model_path, options)
     return DecoderSession(

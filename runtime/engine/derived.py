@@ -1,0 +1,178 @@
+"""Weights derived from a bundle where it runs instead of shipped in it: the fp32 prefill graph's.
+
+A quantized bundle carries `prefill.onnx` (a graph of a few hundred KB) and `prefill.onnx.derive.json`, the
+recipe for its weights file: for each of the graph's external tensors, either bytes copied from the bundle's
+`model.onnx.data` or a quantized matmul weight (MatMulNBits' blocks, scales, zero points, and the residual of
+a GGUF type with a block minimum) dequantized to fp32. The weights file is 4-8x the quantized model, and only
+CPUs without int8 dot products (or `decode = "throughput"`) run that graph, so it is written where it is
+needed: by the `local` target at deploy, else by the engine on the first start that wants it. It lives in a
+directory of its own (`$ONNXFN_STATE_DIR/derived/DIGEST/` unless configured), beside a copy of the graph, with a
+record that ties it to the bundle and to the files' identities (as runtime.verified trusts them).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtime.bundle import Bundle
+from runtime.verified import default_record_dir, file_identity
+
+RECIPE_SUFFIX = ".derive.json"
+RECORD = "derived.json"
+FORMAT = 1
+log = logging.getLogger("runtime.engine")
+
+
+def recipe_name(graph: str) -> str:
+    return graph + RECIPE_SUFFIX
+
+
+def default_directory(bundle: Bundle) -> Path:
+    """`$ONNXFN_STATE_DIR/derived/DIGEST` (beside the verification records), one directory per bundle."""
+    return default_record_dir().parent / "derived" / bundle.manifest.digest.removeprefix("sha256:")[:32]
+
+
+def dequantize_nbits(
+    packed: np.ndarray,
+    scales: np.ndarray,
+    bits: int,
+    k: int,
+    zero_points: np.ndarray | None = None,
+    residual: np.ndarray | None = None,
+) -> np.ndarray:
+    """MatMulNBits' weight (`[N, blocks, block_bytes]` uint8, scales `[N, blocks]`) as fp32 `[K, N]`.
+
+    4-bit values and zero points are packed low nibble first; without zero points the zero point is
+    2^(bits-1). `residual` (`[N, blocks]`) is the per-block term a GGUF type with a minimum adds.
+    """
+    n, blocks, block_bytes = packed.shape
+    if bits == 8:
+        values = packed.astype(np.float32)
+    else:
+        values = np.empty((n, blocks, block_bytes * 2), dtype=np.float32)
+        values[..., 0::2] = packed & 0x0F
+        values[..., 1::2] = packed >> 4
+    if zero_points is None:
+        values -= float(1 << (bits - 1))
+    else:
+        zero = zero_points.reshape(n, -1)
+        if bits == 4:
+            zero = np.stack([zero & 0x0F, zero >> 4], axis=-1).reshape(n, -1)
+        values -= zero[:, :blocks, None].astype(np.float32)
+    values *= scales.reshape(n, blocks)[:, :, None]
+    if residual is not None:
+        values += residual.reshape(n, blocks)[:, :, None]
+    return np.ascontiguousarray(values.reshape(n, -1)[:, :k].T)
+
+
+@dataclass(frozen=True)
+class DerivedGraphs:
+    """A directory of graphs derived from one bundle, and the record saying they are complete and unchanged."""
+
+    directory: Path
+
+    def graph(self, bundle: Bundle, name: str) -> Path:
+        """The derived copy of the bundle's graph `name`, written now unless a valid one is there already."""
+        problem = self.problem(bundle, name)
+        if problem is None:
+            return self.directory / name
+        log.info("deriving %s's weights into %s (%s)", name, self.directory, problem)
+        self._write(bundle, name)
+        return self.directory / name
+
+    def problem(self, bundle: Bundle, name: str) -> str | None:
+        """Why there is no usable derived copy of graph `name`; None when there is."""
+        try:
+            record = json.loads((self.directory / RECORD).read_text())
+        except (OSError, ValueError):
+            return "none was written yet"
+        if not isinstance(record, dict) or record.get("format") != FORMAT:
+            return "the record has another format"
+        if record.get("bundle_digest") != bundle.manifest.digest:
+            return "it was written for another bundle"
+        recorded = record.get("files", {}).get(name)
+        try:
+            current = self._identities(name)
+        except OSError:
+            return "its files are missing"
+        return None if recorded == current else "its files changed since they were written"
+
+    def _identities(self, name: str) -> dict[str, list[int]]:
+        recipe = self._recipe_of(self.directory / name)
+        return {file: file_identity(self.directory / file) for file in (name, recipe["data"])}
+
+    @staticmethod
+    def _recipe_of(graph: Path) -> dict[str, Any]:
+        return json.loads(graph.with_name(recipe_name(graph.name)).read_text())
+
+    def _write(self, bundle: Bundle, name: str) -> None:
+        """Write the graph, its recipe and its weights file; the record goes last, so a partial write never counts."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / RECORD).unlink(missing_ok=True)
+        recipe = self._recipe_of(bundle.file(name))
+        data = self.directory / recipe["data"]
+        partial = data.with_name(data.name + ".partial")
+        try:
+            write_data(recipe, bundle.path, partial)
+            partial.replace(data)
+        finally:
+            partial.unlink(missing_ok=True)
+        for file in (name, recipe_name(name)):
+            shutil.copyfile(bundle.file(file), self.directory / file)
+        try:
+            record = json.loads((self.directory / RECORD).read_text())
+        except (OSError, ValueError):
+            record = {}
+        files = record.get("files", {}) if record.get("bundle_digest") == bundle.manifest.digest else {}
+        files[name] = self._identities(name)
+        record = {"format": FORMAT, "bundle_digest": bundle.manifest.digest, "files": files}
+        tmp = self.directory / (RECORD + ".tmp")
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.replace(self.directory / RECORD)
+
+
+def write_data(recipe: dict[str, Any], source_dir: Path, out: Path) -> None:
+    """Write the weights file `recipe` describes, reading the source files it names from `source_dir`."""
+    sources: dict[str, np.memmap] = {}
+
+    def read(ref: dict[str, Any] | None) -> np.ndarray | None:
+        if ref is None:
+            return None
+        dtype = np.dtype(ref["dtype"])
+        if "inline" in ref:
+            return np.frombuffer(base64.b64decode(ref["inline"]), dtype=dtype).reshape(ref["shape"])
+        file = ref["file"]
+        if file not in sources:
+            sources[file] = np.memmap(source_dir / file, dtype=np.uint8, mode="r")
+        raw = sources[file][ref["offset"] : ref["offset"] + int(np.prod(ref["shape"])) * dtype.itemsize]
+        return np.frombuffer(raw, dtype=dtype).reshape(ref["shape"])
+
+    with out.open("wb") as f:
+        for tensor in recipe["tensors"]:
+            f.seek(tensor["offset"])
+            if "copy" in tensor:
+                f.write(read(tensor["copy"]).tobytes())  # type: ignore[union-attr]
+                continue
+            spec = tensor["dequantize"]
+            residual_t = read(spec.get("residual_t"))  # stored as the graph multiplies by it: [blocks, N]
+            weight = dequantize_nbits(
+                read(spec["blocks"]),  # type: ignore[arg-type]
+                read(spec["scales"]),  # type: ignore[arg-type]
+                spec["bits"],
+                spec["K"],
+                read(spec.get("zero_points")),
+                None if residual_t is None else residual_t.T,
+            )
+            f.write(weight.tobytes())
+        f.truncate(recipe["size"])
+        f.flush()
+        os.fsync(f.fileno())

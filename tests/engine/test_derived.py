@@ -1,0 +1,53 @@
+"""Derived graphs (runtime/engine/derived.py): a quantized bundle's fp32 prefill weights, written where they run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from packager.export.prefill import PREFILL_DATA_FILE
+from runtime.bundle import Bundle, Manifest
+from runtime.engine.derived import RECORD, DerivedGraphs
+from runtime.engine.graphs import PREFILL_MODEL_FILE
+
+pytestmark = pytest.mark.real_model
+
+
+def test_the_weights_are_written_once_and_again_only_when_they_changed(bundle: Bundle, tmp_path: Path) -> None:
+    derived = DerivedGraphs(tmp_path / "derived")
+    assert derived.problem(bundle, PREFILL_MODEL_FILE) == "none was written yet"
+    graph = derived.graph(bundle, PREFILL_MODEL_FILE)
+    data = graph.with_name(PREFILL_DATA_FILE)
+    recipe = json.loads(bundle.file(PREFILL_MODEL_FILE + ".derive.json").read_text())
+    assert data.stat().st_size == recipe["size"] > bundle.manifest.files["model.onnx.data"].size
+    assert derived.problem(bundle, PREFILL_MODEL_FILE) is None
+    written = data.stat().st_mtime_ns
+    assert derived.graph(bundle, PREFILL_MODEL_FILE) == graph and data.stat().st_mtime_ns == written  # reused
+
+    with data.open("r+b") as f:  # altered after it was written: derived again
+        f.write(b"\xff" * 16)
+    assert derived.problem(bundle, PREFILL_MODEL_FILE) == "its files changed since they were written"
+    derived.graph(bundle, PREFILL_MODEL_FILE)
+    assert derived.problem(bundle, PREFILL_MODEL_FILE) is None
+
+    other = Bundle(bundle.path, Manifest(**{**bundle.manifest.__dict__, "build_key": "another build"}))
+    assert derived.problem(other, PREFILL_MODEL_FILE) == "it was written for another bundle"
+    assert json.loads((tmp_path / "derived" / RECORD).read_text())["bundle_digest"] == bundle.manifest.digest
+
+
+def test_an_interrupted_derivation_leaves_no_record(
+    bundle: Bundle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import runtime.engine.derived as derived_module
+
+    def fail(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(derived_module, "write_data", fail)
+    derived = DerivedGraphs(tmp_path / "derived")
+    with pytest.raises(OSError, match="No space"):
+        derived.graph(bundle, PREFILL_MODEL_FILE)
+    assert derived.problem(bundle, PREFILL_MODEL_FILE) == "none was written yet"
+    assert not list((tmp_path / "derived").glob("*.partial"))
