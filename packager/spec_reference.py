@@ -33,11 +33,14 @@ KEY_DOCS: dict[str, str] = {
     "model.architecture": "Overrides `config.json`'s `model_type` when the exporter should treat the model as "
     "another architecture.",
     "export": "How `pkg build` turns the model into the bundle's ONNX graph.",
-    "export.precision": "Weight precision. For generative models `auto` tries int4, then int8, then fp32; for "
-    "encoders int8 (dynamic), int8-mixed (sensitive layers kept fp32), fp32; it keeps the first whose measured "
-    "quality stays inside `[export.quality]`. `int8-nbits` (MatMulNBits 8-bit, encoders) is smaller than fp32 "
+    "export.precision": "Weight precision. `gguf` keeps a GGUF source's own quantized blocks, exactly (every "
+    "llama.cpp type Q2_K-Q8_0, F16, BF16; the bundle is about the file's size). For generative models `auto` "
+    "tries gguf (GGUF sources), then int4, int8, fp32 re-quantized; for encoders int8 (dynamic), int8-mixed "
+    "(sensitive layers kept fp32), fp32; it keeps the first whose measured quality stays inside `[export.quality]` "
+    "(and measures int8 beside a chosen gguf). `int8-nbits` (MatMulNBits 8-bit, encoders) is smaller than fp32 "
     "but slower on CPUs without VNNI: an explicit choice.",
-    "export.block_size": "Quantization block size of MatMulNBits weights (smaller = more accurate, larger file).",
+    "export.block_size": "Quantization block size of int4/int8 MatMulNBits weights (smaller = more accurate, larger "
+    "file); `gguf` keeps the file's own blocks.",
     "export.accuracy_level": "MatMulNBits compute type: 1 fp32, 2 fp16, 3 bf16, 4 int8 activations.",
     "export.max_context": "Longest sequence (prompt + completion) the graph and the KV cache are built for.",
     "export.prefill_graph": "Generative models on the CPU: also write the graphs prompts run through (logits of "

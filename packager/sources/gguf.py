@@ -3,44 +3,88 @@
 The builder cannot read quantized GGUF (only fp16/fp32), so quantized weights are dequantized first.
 Found on transformers 5: `save_pretrained` refuses a GGUF-loaded model ("quantized with gguf and is
 not serializable") until the quantizer is detached; the weights are plain fp32 tensors by then.
+
+The tokenizer and chat template come from a `tokenizer.json` (with its `tokenizer_config.json`) lying beside
+the GGUF file when there is one, else from the GGUF's own metadata through transformers' converter; the
+converted `tokenizer.json` is then checked to encode a text set token for token as transformers does.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
+from importlib.resources import files
 from pathlib import Path
 
 from packager.cache import cached_dir
+from packager.errors import UserError
+from packager.export.architectures import SUPPORTED_DECODERS
 from packager.progress import StepProgress
 
-_HASH_CHUNK = 1 << 20
-DEQUANTIZE_VERSION = 1  # bump when the conversion below changes, to invalidate cached folders
+DEQUANTIZE_VERSION = 2  # bump when the conversion below changes, to invalidate cached folders
+BESIDE_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+# GGUF `general.architecture` names whose transformers `model_type` differs.
+_MODEL_TYPES = {"gemma3": "gemma3_text"}
+_CHECK_TEXTS = (
+    "Hello, world! How are you today?",
+    "  leading spaces, trailing spaces  \n\nand blank lines\n",
+    "Numbers 0 1 12 123 1234 3.14159 and code: def f(x): return x ** 2",
+    "Unicode: café naïve Æsir — “quotes” 東京 😀 🇫🇷 Ελληνικά",
+)
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+def gguf_architecture(gguf_path: Path) -> str:
+    """The model type of a GGUF file, from its metadata: refused here, before a minute of loading, if onnxfn cannot
+    export it."""
+    from gguf import GGUFReader, Keys
+
+    try:
+        reader = GGUFReader(str(gguf_path))
+        architecture = str(reader.fields[Keys.General.ARCHITECTURE].contents())
+    except (KeyError, ValueError, IndexError) as exc:
+        raise UserError(
+            f"{gguf_path.name} is not a readable GGUF file ({exc}); download it again", exit_code=2
+        ) from exc
+    model_type = _MODEL_TYPES.get(architecture, architecture)
+    supported = sorted({_gguf_name(m) for m in SUPPORTED_DECODERS.values()})
+    if model_type not in SUPPORTED_DECODERS.values():
+        raise UserError(
+            f"{gguf_path.name} holds a {architecture!r} model (its general.architecture), which onnxfn cannot export; "
+            f"it exports decoders of these GGUF architectures: {', '.join(supported)}",
+            exit_code=2,
+        )
+    return model_type
 
 
-def dequantize_gguf(gguf_path: Path, progress: StepProgress) -> tuple[Path, str, bool]:
-    """Return `(hf_dir, content_key, reused)`."""
+def _gguf_name(model_type: str) -> str:
+    return next((gguf for gguf, mapped in _MODEL_TYPES.items() if mapped == model_type), model_type)
+
+
+def dequantize_gguf(
+    gguf_path: Path, sha256: str, source: str, progress: StepProgress, *, tokenizer_from: Path
+) -> tuple[Path, str, bool]:
+    """Return `(hf_dir, its content key, reused)` for the GGUF file with that sha256; a tokenizer in `tokenizer_from`
+    wins over the GGUF's own."""
+    gguf_architecture(gguf_path)
+    beside = [tokenizer_from / n for n in BESIDE_TOKENIZER_FILES if (tokenizer_from / n).is_file()]
+    if not any(p.name == "tokenizer.json" for p in beside):
+        beside = []
+    tokenizer_key = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in beside)).hexdigest()[:16]
     with progress.step("dequantize", f"dequantize {gguf_path.name} to fp32") as step:
-        key = file_sha256(gguf_path)
 
         def produce(out: Path) -> None:
-            _convert(gguf_path, out)
+            _convert(gguf_path, out, beside, source)
 
-        hf_dir, reused = cached_dir("hf", f"{key}-v{DEQUANTIZE_VERSION}", produce)
+        key = f"{sha256}-{tokenizer_key}-v{DEQUANTIZE_VERSION}"
+        hf_dir, reused = cached_dir("hf", key, produce)
         if reused:
             step.cached(str(hf_dir))
     return hf_dir, key, reused
 
 
-def _convert(gguf_path: Path, out: Path) -> None:
+def _convert(gguf_path: Path, out: Path, beside: list[Path], source: str) -> None:
     # transformers' GGUF reader draws its own tqdm bar; ours already shows this step.
     os.environ.setdefault("TQDM_DISABLE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -49,9 +93,41 @@ def _convert(gguf_path: Path, out: Path) -> None:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype="float32")
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out)
+    if beside:
+        for path in beside:
+            shutil.copyfile(path, out / path.name)
+        return
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     tokenizer.save_pretrained(out)
+    check_tokenizer(out / "tokenizer.json", tokenizer, source)
+
+
+def check_texts() -> list[str]:
+    """Texts a converted tokenizer must encode as transformers does: the quality prompts, held-out text, odd input."""
+    data = files("packager") / "data"
+    prompts = json.loads((data / "quality_prompts.json").read_text())["prompts"]
+    contents = [m["content"] for prompt in prompts for m in prompt["messages"]]
+    heldout = (data / "heldout.txt").read_text()
+    return [*_CHECK_TEXTS, *contents, *heldout.split("\n\n")]
+
+
+def check_tokenizer(tokenizer_json: Path, reference: object, source: str) -> None:
+    """Refuse a converted `tokenizer.json` that encodes any check text unlike transformers' tokenizer."""
+    from tokenizers import Tokenizer
+
+    ours = Tokenizer.from_file(str(tokenizer_json))
+    for text in check_texts():
+        for special in (False, True):
+            expected = reference(text, add_special_tokens=special)["input_ids"]  # type: ignore[operator]
+            got = ours.encode(text, add_special_tokens=special).ids
+            if got != expected:
+                first = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), None)
+                raise UserError(
+                    f"model.source = {source!r}: the tokenizer converted from the GGUF's metadata encodes "
+                    f"{text[:60]!r} unlike transformers (first difference at token {first}: {got[:12]} vs "
+                    f"{expected[:12]}); put the model's own tokenizer.json and tokenizer_config.json beside the GGUF"
+                )

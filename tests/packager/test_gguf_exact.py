@@ -146,7 +146,7 @@ def test_the_demo_bundle_holds_the_ggufs_own_blocks(demo_bundle: Path) -> None:
     from tests.conftest import DEMO_FUNCTION
 
     spec = load_spec(DEMO_FUNCTION)
-    gguf_path = locate_source(spec.model.source, DEMO_FUNCTION)
+    gguf_path = locate_source(spec.model.source, DEMO_FUNCTION).paths[0]  # type: ignore[union-attr]
     bundle = open_bundle(demo_bundle)
     assert bundle.manifest.model.precision == "gguf"
     types = _check_bundle(demo_bundle, gguf_path, None)

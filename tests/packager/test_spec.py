@@ -67,7 +67,7 @@ max_batch = true
     joined = "\n".join(problems)
     assert "model.tsk: unknown key; allowed keys here: architecture, source, task" in joined
     assert "model.source = 3: expected a string" in joined
-    assert "export.precision = 'int3': not allowed; choose from auto, fp32, int8, int4" in joined
+    assert "export.precision = 'int3': not allowed; choose from auto, gguf, fp32, int8, int4" in joined
     assert "export.block_size = 33: not allowed; choose from 16, 32, 64, 128, 256" in joined
     assert "export.max_context = 'big': expected an integer" in joined
     assert "export.quality.max_mean_kl = -1.0: out of range; must be >= 0.0" in joined

@@ -26,7 +26,7 @@ def test_reference_lists_types_defaults_and_allowed_values() -> None:
     keys = {k.key: k for k in spec_keys()}
     precision = keys["export.precision"]
     assert (precision.type, precision.default) == ("string", '`"auto"`')
-    assert precision.allowed.startswith("`auto`, `fp32`, `int8`, `int4`")
+    assert precision.allowed.startswith("`auto`, `gguf`, `fp32`, `int8`, `int4`")
     assert keys["runtime.max_batch"].allowed == "1 … 256"
     assert keys["targets.aws-lambda.memory_mb"].used_by == "`--target aws-lambda`"
     assert keys["model.source"].default == "required"
