@@ -130,6 +130,8 @@ def test_a_tiny_gguf_of_every_type_builds_with_each_weight_the_files_own(
     expected = {t.name for layer in LAYER_TYPES for t in layer.values()} | {EMBEDDING_TYPE.name}
     assert set(types) == expected
     assert {t.name for t in TYPES} <= expected  # the fixture covers every carried type
+    computed_by = {c["computed_by"] for c in BundleWeights(bundle_dir).report["carried"].values()}
+    assert "/model/layers.2/mlp/gate_proj/MatMul/siblings" in computed_by  # gate and up as one operator
 
 
 def test_the_tiny_gguf_bundle_is_about_the_files_size(tiny_gguf_build: tuple[Path, Path, Path]) -> None:

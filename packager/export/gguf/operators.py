@@ -80,6 +80,12 @@ class GraphBuilder:
         parts = [self._matmul_run(x, f"{output}/run{i}", key, w, f"{name}/run{i}") for i, (key, w) in enumerate(runs)]
         self.node("Concat", parts, output, f"{name}/Concat", axis=-1)
 
+    def matmul_split(self, x: str, outputs: list[str], key: str, weight: Weight, sizes: list[int], name: str) -> None:
+        """`outputs` = `x @ W.T` split along its last axis into `sizes`: several projections of `x` as one matmul."""
+        joined = self._matmul_run(x, f"{name}/output", key, weight, name)
+        split = self.constant(f"gguf.split.{'_'.join(map(str, sizes))}", np.array(sizes, np.int64))
+        self.nodes.append(helper.make_node("Split", [joined, split], outputs, name=f"{name}/Split", axis=-1))
+
     def _matmul_run(self, x: str, output: str, key: str, weight: Weight, name: str) -> str:
         if isinstance(weight, FloatWeight):
             stored = self.constant(f"{key}.T", np.ascontiguousarray(weight.values.T), weight.data_type)
