@@ -37,7 +37,7 @@ from packager.verify import (
 )
 from runtime.bundle import FORMAT_VERSION, Manifest, open_bundle
 
-VERIFY_VERSION = 2  # bump when the quality method changes, to invalidate cached figures
+VERIFY_VERSION = 3  # bump when the quality method changes, to invalidate cached figures
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from packager.cache import cached_dir, digest_of, read_json, write_json
 from packager.errors import UserError
-from packager.export.architectures import SUPPORTED_DECODERS
+from packager.export.architectures import SUPPORTED_DECODERS, check_config
 from runtime.bundle import file_digest
 
-EXPORT_VERSION = 1  # bump when the options below change meaning, to invalidate cached exports
+EXPORT_VERSION = 2  # bump when the options below change meaning, to invalidate cached exports
 LOG_NAME = "builder.log"
 DIGESTS_NAME = "digests.json"
 
@@ -35,10 +35,14 @@ class ExportOptions:
     # `is_symmetric=false` produced a model that does not load here (FIELD-NOTES), so it is not offered.
 
     def builder_args(self) -> list[str]:
-        args = ["-p", self.precision, "-e", "cpu"]
+        # Sliding-window layers get a full-length KV cache like every other layer (GroupQueryAttention's
+        # `local_window_size` still windows their attention): the runtime binds one
+        # `[slots, kv_heads, max_context, head_dim]` buffer per layer, and its prefix cache and
+        # snapshots index that buffer by position, which a window-sized ring cannot offer.
+        extra = ["windowed_kv_cache=false"]
         if self.precision in ("int8", "int4"):
-            args += ["--extra_options", f"block_size={self.block_size}", f"accuracy_level={self.accuracy_level}"]
-        return args
+            extra += [f"block_size={self.block_size}", f"accuracy_level={self.accuracy_level}"]
+        return ["-p", self.precision, "-e", "cpu", "--extra_options", *extra]
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ def check_architecture(hf_dir: Path) -> str:
             f"supported: {', '.join(sorted(SUPPORTED_DECODERS))}",
             exit_code=2,
         )
+    check_config(config, f"{hf_dir}/config.json")
     return SUPPORTED_DECODERS[architecture]
 
 
@@ -77,7 +82,8 @@ def export_decoder(hf_dir: Path, source_key: str, options: ExportOptions) -> Exp
 
 def _run_builder(hf_dir: Path, out: Path, options: ExportOptions) -> None:
     cache = out / ".builder-cache"
-    command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out)]
+    # Our entry point for the builder: its command line, with the config adapted (genai_builder.py).
+    command = [sys.executable, "-m", "packager.export.genai_builder", "-i", str(hf_dir), "-o", str(out)]
     command += ["-c", str(cache), *options.builder_args()]
     log_path = out.parent / f"{out.name}.{LOG_NAME}"
     with log_path.open("w") as log:

@@ -84,8 +84,10 @@ def _gather_last_positions(model: onnx.ModelProto) -> None:
     # lm_head may be several nodes (a GGUF weight with a block residual): each one reading the hidden state
     # from outside lm_head reads the gathered rows instead.
     head_nodes = [n for n in graph.node if n.name.startswith(LM_HEAD_PREFIX)]
-    head_outputs = {o for n in head_nodes for o in n.output}
-    hidden = {i for n in head_nodes for i in n.input if i and i not in head_outputs and not _is_initializer(graph, i)}
+    # Not the hidden state: lm_head's own outputs, weights, and constants (Gemma 2's logit soft-cap).
+    known = {o for n in head_nodes for o in n.output} | {t.name for t in graph.initializer}
+    known |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    hidden = {i for n in head_nodes for i in n.input if i and i not in known}
     if len(hidden) != 1:
         raise UserError(f"lm_head reads {sorted(hidden)}; onnxfn expects it to read one hidden state")
     (hidden_state,) = hidden
@@ -120,10 +122,6 @@ def _gather_last_positions(model: onnx.ModelProto) -> None:
     dims = logits.type.tensor_type.shape.dim
     dims[1].Clear()
     dims[1].dim_value = 1
-
-
-def _is_initializer(graph: onnx.GraphProto, name: str) -> bool:
-    return any(t.name == name for t in graph.initializer)
 
 
 def _dequantize_matmuls(model: onnx.ModelProto) -> dict[str, Any] | None:
