@@ -1,5 +1,8 @@
 """`pkg invoke functions/NAME "prompt"`: stream a chat reply from the deployed endpoint to stdout.
 
+For a completion function (`task = "completion"`, a base model without a chat template) the prompt is
+raw text for `/v1/completions` and the continuation is streamed instead.
+
 For an embedding function (`task = "embedding"`) it embeds the text instead and prints the vector's size,
 norm and first values; for a classifier (`task = "classification"`), every label's probability.
 
@@ -30,9 +33,9 @@ err_console = Console(stderr=True)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("invoke", help="send a chat prompt to a deployed function")
+    parser = subparsers.add_parser("invoke", help="send a prompt to a deployed function")
     parser.add_argument("function", type=Path, help="function folder holding function.toml")
-    parser.add_argument("prompt", help="the user message")
+    parser.add_argument("prompt", help="the user message (a completion function: the text to continue)")
     parser.add_argument("--target", choices=TARGETS, default="local")
     parser.add_argument("--system", help="a system message (default: the function's system prompt)")
     parser.add_argument("--max-tokens", type=int, help="default: the function's")
@@ -68,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
         return _invoke_embedding(f"{status.url}/v1/embeddings", spec, args, headers)
     if spec.model.task == "classification":
         return _invoke_classification(f"{status.url}/v1/classify", spec, args, headers)
-    body = _chat_body(spec.name, args, stream=True)
+    path, _, body = _generation_request(spec, args, stream=True)
     started = time.perf_counter()
-    usage = _stream_reply(f"{status.url}/v1/chat/completions", body, headers, args.timeout)
+    usage = _stream_reply(f"{status.url}{path}", body, headers, args.timeout)
     elapsed = time.perf_counter() - started
     if usage:
         err_console.print(
@@ -135,11 +138,21 @@ def _invoke_classification(url: str, spec: FunctionSpec, args: argparse.Namespac
     return 0
 
 
-def _chat_body(model: str, args: argparse.Namespace, *, stream: bool) -> dict[str, Any]:
+def _generation_request(
+    spec: FunctionSpec, args: argparse.Namespace, *, stream: bool
+) -> tuple[str, str, dict[str, Any]]:
+    """`(HTTP path, queue request kind, body)` for the function's task: a chat, or a raw completion."""
+    if spec.model.task == "completion":
+        if args.system:
+            raise UserError(f"--system applies to chat functions; {spec.name} continues raw text (task = completion)")
+        return "/v1/completions", "completion", _body({"model": spec.name, "prompt": args.prompt}, args, stream)
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}
     ]
-    body: dict[str, Any] = {"model": model, "messages": messages}
+    return "/v1/chat/completions", "chat", _body({"model": spec.name, "messages": messages}, args, stream)
+
+
+def _body(body: dict[str, Any], args: argparse.Namespace, stream: bool) -> dict[str, Any]:
     if stream:
         body.update(stream=True, stream_options={"include_usage": True})
     if args.max_tokens is not None:
@@ -153,13 +166,13 @@ def _invoke_queue(spec: FunctionSpec, args: argparse.Namespace) -> int:
     from packager.queue_client import invoke_via_queue
 
     started = time.perf_counter()
-    body = _chat_body(spec.name, args, stream=False)
-    result = invoke_via_queue(args.queue, "chat", body, reply_to=args.reply_to, timeout=args.timeout)
+    _, kind, body = _generation_request(spec, args, stream=False)
+    result = invoke_via_queue(args.queue, kind, body, reply_to=args.reply_to, timeout=args.timeout)
     elapsed = time.perf_counter() - started
     if result.status != 200:
         error = result.body.get("error", {})
         raise UserError(f"the function answered {result.status}: {error.get('message')} (param: {error.get('param')})")
-    sys.stdout.write(str(result.body["choices"][0]["message"]["content"]) + "\n")
+    sys.stdout.write(_choice_text(result.body["choices"][0]) + "\n")
     sys.stdout.flush()
     usage = result.body["usage"]
     err_console.print(
@@ -171,10 +184,11 @@ def _invoke_queue(spec: FunctionSpec, args: argparse.Namespace) -> int:
 
 def _invoke_aws(spec: FunctionSpec, args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    reply = target(args.target).invoke(spec, "/v1/chat/completions", _chat_body(spec.name, args, stream=False))
+    path, _, body = _generation_request(spec, args, stream=False)
+    reply = target(args.target).invoke(spec, path, body)
     elapsed = time.perf_counter() - started
     choices = reply.get("choices") or [{}]
-    sys.stdout.write(str(choices[0].get("message", {}).get("content") or "") + "\n")
+    sys.stdout.write(_choice_text(choices[0]) + "\n")
     sys.stdout.flush()
     usage = reply.get("usage")
     if usage:
@@ -196,7 +210,7 @@ def _stream_reply(url: str, body: dict[str, Any], headers: dict[str, str], timeo
                 if "error" in event:
                     raise UserError(f"the endpoint failed mid-reply: {event['error'].get('message')}")
                 for choice in event.get("choices", []):
-                    sys.stdout.write(choice["delta"].get("content") or "")
+                    sys.stdout.write(_choice_text(choice))
                     sys.stdout.flush()
                 usage = event.get("usage") or usage
     except httpx.HTTPError as exc:
@@ -205,6 +219,13 @@ def _stream_reply(url: str, body: dict[str, Any], headers: dict[str, str], timeo
         sys.stdout.write("\n")
         sys.stdout.flush()
     return usage
+
+
+def _choice_text(choice: dict[str, Any]) -> str:
+    """The text of one choice: a completion's `text`, a chat message's or a streamed delta's `content`."""
+    if "text" in choice:
+        return str(choice["text"] or "")
+    return str((choice.get("message") or choice.get("delta") or {}).get("content") or "")
 
 
 def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:

@@ -46,6 +46,14 @@ class Tokenizer:
         # Special tokens written in the text (the chat template's markers) map to their ids.
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A raw completion prompt, with the special tokens the tokenizer itself adds (Gemma's `<bos>`).
+
+        transformers and vLLM encode a completion prompt this way; a base model given none of them
+        can degenerate (Gemma 3 repeats " The"). A chat template writes its own, so chats use `encode`.
+        """
+        return self._tok.encode(text).ids
+
     @property
     def hf(self) -> HFTokenizer:
         """The `tokenizers` tokenizer underneath."""

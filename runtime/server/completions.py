@@ -39,7 +39,7 @@ def submit_completion(state: ServerState, parsed: CompletionRequest) -> tuple[Ge
     Shared by HTTP and the queue frontends.
     """
     engine = state.require_engine()
-    token_prompts = [engine.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in parsed.prompts]
+    token_prompts = [engine.tokenizer.encode_prompt(p) if isinstance(p, str) else list(p) for p in parsed.prompts]
     for ids in token_prompts:
         check_prompt_length(len(ids), state.policy.max_prompt_tokens, "prompt")
     echoes = [
