@@ -81,7 +81,8 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
             exit_code=2,
         )
     architecture = check_architecture(source.hf_dir)
-    reference = _export(source, REFERENCE, None, progress)
+    max_context = spec.export.max_context
+    reference = _export(source, REFERENCE, None, max_context, progress)
     parity = _parity(source, reference, progress)
     budget = budget_of(spec.export)
     evaluator = _Evaluator(reference, progress)
@@ -89,7 +90,7 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
     candidates: list[CandidateQuality] = []
     chosen: tuple[ExportResult, CandidateQuality, Counter[str]] | None = None
     for options in candidate_options(spec.export, gguf_source=source.gguf_file is not None):
-        export = _export(source, options, reference, progress)
+        export = _export(source, options, reference, max_context, progress)
         ops = check_decoder_graph(export.directory / "model.onnx", options.precision)
         quality = _verify(export, reference, budget, evaluator, progress)
         candidates.append(quality)
@@ -103,9 +104,8 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
     compared = []
     yardstick = yardstick_options(spec.export, quality.precision, [c.precision for c in candidates])
     if yardstick is not None:
-        compared.append(
-            _verify(_export(source, yardstick, reference, progress), reference, budget, evaluator, progress)
-        )
+        beside = _export(source, yardstick, reference, max_context, progress)
+        compared.append(_verify(beside, reference, budget, evaluator, progress))
     with tempfile.TemporaryDirectory() as tmp:
         quality_path = Path(tmp) / "quality.json"
         write_quality_json(quality_path, parity, candidates, quality.precision, budget, compared)
@@ -161,7 +161,11 @@ def _verify(
 
 
 def _export(
-    source: SourceModel, options: ExportOptions, reference: ExportResult | None, progress: StepProgress
+    source: SourceModel,
+    options: ExportOptions,
+    reference: ExportResult | None,
+    max_context: int,
+    progress: StepProgress,
 ) -> ExportResult:
     """The export of `options`; `reference`: the fp32 export (None while it is made), which `gguf` starts from."""
     if options == REFERENCE and reference is not None:
@@ -169,7 +173,7 @@ def _export(
     if options.precision == GGUF:
         assert source.gguf_file is not None and reference is not None
         with progress.step("export gguf", f"carry {source.gguf_file.name}'s own blocks into the fp32 graph") as step:
-            result = export_gguf(source.gguf_file, source.content_key, reference, options)
+            result = export_gguf(source.gguf_file, source.content_key, reference, options, max_context)
             if result.reused:
                 step.cached()
         return result

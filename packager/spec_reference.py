@@ -45,11 +45,11 @@ KEY_DOCS: dict[str, str] = {
     "export.max_context": "Longest sequence (prompt + completion) the graph and the KV cache are built for.",
     "export.prefill_graph": "Generative models on the CPU: also write the graphs prompts run through (logits of "
     "each prompt's last position only, the same weights): `prefill.onnx` with fp32 matmuls on the dequantized "
-    "weights, ~2.5x faster prefill and time to first token on CPUs without int8 dot products (AVX2), for a bundle "
-    "larger by the fp32 copy of the weights (demo: 267 → 692 MB on disk, ~320 → ~770 MB RSS where it runs); "
-    "and, for a quantized model, `prefill-quantized.onnx` with the model's own matmuls and no weights of its own, "
-    "the faster one on CPUs with int8 dot products (see `runtime.prefill_matmuls`). Set false where image size "
-    "matters more (small Lambda functions). Replies can differ slightly from those without: the prompt's KV then "
+    "weights, ~2.5x faster prefill and time to first token on CPUs without int8 dot products (AVX2), whose fp32 "
+    "weights are not shipped: the bundle carries their recipe and they are written where that graph runs (the "
+    "demo's: 425 MB on disk, ~450 MB more RSS); and, for a quantized model, `prefill-quantized.onnx` with the "
+    "model's own matmuls and no weights of its own, the faster one on CPUs with int8 dot products (see "
+    "`runtime.prefill_matmuls`). Replies can differ slightly from those without: the prompt's KV then "
     "comes from the prefill graph. A server is ready before this graph has loaded (at low CPU priority); prompts "
     "that arrive meanwhile run through the decode graph and are not prefix-cached.",
     "export.quality": "The quality budget a quantized candidate must meet against the fp32 reference.",

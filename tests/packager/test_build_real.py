@@ -25,7 +25,7 @@ def test_auto_keeps_the_ggufs_blocks_with_a_fused_quantized_graph(demo_bundle: P
     assert facts.vocab_size == 49152 and facts.eos_token_ids[0] == 2
     ops = [node.op_type for node in onnx.load(str(bundle.model_path), load_external_data=False).graph.node]
     assert ops.count("GroupQueryAttention") == 30
-    assert ops.count("MatMulNBits") == 30 * 5 + 1  # q/k/v (fused), o, gate, up, down and lm_head, all quantized
+    assert ops.count("MatMulNBits") == 30 * 4 + 1  # q/k/v (fused), o, gate+up (one), down; lm_head: all quantized
     assert json.loads(bundle.file("gguf-weights.json").read_text())["kept_float32"] == {}
 
     quality = json.loads(bundle.file("quality.json").read_text())

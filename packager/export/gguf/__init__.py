@@ -18,19 +18,23 @@ from packager.export.builder import DIGESTS_NAME, ExportOptions, ExportResult
 from packager.export.gguf.rewrite import carry_gguf_weights
 from runtime.bundle import file_digest
 
-GGUF_EXPORT_VERSION = 3  # bump when the graph written here changes, to invalidate cached exports
+GGUF_EXPORT_VERSION = 4  # bump when the graph written here changes, to invalidate cached exports
 CARRY_REPORT = "gguf-weights.json"
 _MODEL = "model.onnx"
 _BUILDER_FILES = ("model.onnx", "model.onnx.data", DIGESTS_NAME, "builder.log", ".complete")
 
 
-def export_gguf(gguf_path: Path, source_key: str, reference: ExportResult, options: ExportOptions) -> ExportResult:
-    """The `gguf` export of the model whose fp32 export is `reference` and whose source file is `gguf_path`."""
-    key = digest_of("export-gguf", GGUF_EXPORT_VERSION, source_key, reference.key, asdict(options))
+def export_gguf(
+    gguf_path: Path, source_key: str, reference: ExportResult, options: ExportOptions, max_positions: int
+) -> ExportResult:
+    """The `gguf` export of the model whose fp32 export is `reference` and whose source file is `gguf_path`, for
+    sequences of at most `max_positions` tokens (the builder's rotary tables cover the model's whole context:
+    Gemma 3's four are 67 MB for 32768 positions)."""
+    key = digest_of("export-gguf", GGUF_EXPORT_VERSION, source_key, reference.key, asdict(options), max_positions)
 
     def produce(out: Path) -> None:
         model = onnx.load(str(reference.directory / _MODEL))
-        weights, report = carry_gguf_weights(model, gguf_path, options.accuracy_level)
+        weights, report = carry_gguf_weights(model, gguf_path, options.accuracy_level, max_positions)
         weights.save(model, out / _MODEL)
         del model, weights
         for path in sorted(reference.directory.iterdir()):

@@ -98,8 +98,13 @@ class _Match:
         return self.parts[0][1].layout if len(self.parts) == 1 else None
 
 
-def carry_gguf_weights(model: onnx.ModelProto, gguf_path: Path, accuracy_level: int) -> tuple[WeightFile, CarryReport]:
-    """Rewrite `model` (loaded with its weights) in place; returns its initializers to save, and the report."""
+def carry_gguf_weights(
+    model: onnx.ModelProto, gguf_path: Path, accuracy_level: int, max_positions: int
+) -> tuple[WeightFile, CarryReport]:
+    """Rewrite `model` (loaded with its weights) in place; returns its initializers to save, and the report.
+
+    The rotary tables (GroupQueryAttention's cos/sin caches, one row per position) keep `max_positions` rows.
+    """
     reader = GGUFReader(str(gguf_path))
     unsupported = sorted(
         {t.tensor_type.name for t in reader.tensors if t.tensor_type not in (*supported_types(), *FLOAT_TYPES)}
@@ -153,9 +158,11 @@ def carry_gguf_weights(model: onnx.ModelProto, gguf_path: Path, accuracy_level: 
     graph.node.extend(rewritten)
     _drop_dead_nodes(graph)
     used = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
+    rotary = {n.input[i] for n in graph.node if n.op_type == "GroupQueryAttention" for i in (7, 8) if len(n.input) > i}
     for tensor in graph.initializer:
         if tensor.name in used and tensor.name not in files:
-            files.add(tensor.name, numpy_helper.to_array(tensor))
+            array = numpy_helper.to_array(tensor)
+            files.add(tensor.name, array[:max_positions] if tensor.name in rotary else array)
     return files, report
 
 
