@@ -62,16 +62,16 @@ class Engine:
         self.config = config
         self._facts = facts
         self.max_context = context_for_budget(facts, config.max_batch, config.kv_memory_bytes, config.max_context)
-        # Throughput mode: the prefill graph is the one session, decoding included (see `EngineConfig.decode`).
-        self._throughput = decodes_with_prefill_graph(bundle, config)
-        if config.decode == "throughput" and not self._throughput:
+        # The prefill graph may be the one session, decoding included (graphs.decodes_with_prefill_graph).
+        self._one_graph = decodes_with_prefill_graph(bundle, config)
+        if config.decode == "throughput" and not self._one_graph:
             log.warning("decode = throughput needs the bundle's prefill graph on the CPU: decoding runs the int8 graph")
-        if self._throughput and config.speculative:
+        if self._one_graph and config.speculative:
             raise ValueError("speculative decoding verifies drafts through the int8 graph: use decode = latency")
         # The bundle file that computes prompts' KV once start-up is over (what a snapshot of prefix KV must match).
         self.prompt_graph_file = prefill_graph_file(bundle, config) or bundle.manifest.model_file
         build = session_build or SessionBuild(decode_graph_path(bundle, config), SessionOptions.for_engine(config))
-        prefill_build = None if self._throughput else prefill_session_build(bundle, config, config.defer_prefill_graph)
+        prefill_build = None if self._one_graph else prefill_session_build(bundle, config, config.defer_prefill_graph)
         # The session builds (prepacking the weights) on its own thread, without the GIL, while this one
         # parses the tokenizer.
         self.tokenizer = Tokenizer(bundle.tokenizer_path, facts.chat_template, facts.bos_token_id, facts.eos_token_ids)
@@ -185,7 +185,7 @@ class Engine:
         """What prompts run through: `decode graph`, `prefill graph`, or `loading` (the decode graph, for now)."""
         if self._startup.prefill_loading:
             return "loading"
-        return "prefill graph" if self._decoder.has_prefill_graph or self._throughput else "decode graph"
+        return "prefill graph" if self._decoder.has_prefill_graph or self._one_graph else "decode graph"
 
     def wait_for_prefill_graph(self) -> None:
         """Block until a deferred prefill graph is in use (or has failed to load); at once without one."""

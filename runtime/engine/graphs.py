@@ -2,11 +2,11 @@
 
 A bundle may carry graphs for prompts (see packager/export/prefill.py), each the same model with logits
 for each row's last position only: `prefill.onnx` with fp32 matmuls, and, for a quantized model,
-`prefill-quantized.onnx` with the model's own matmuls. The engine decodes through the bundle's model and
-prefills through one of those: the quantized one on a CPU with int8 dot products (where its matmuls are
-the faster ones, and it needs no fp32 copy of the weights in memory), the fp32 one elsewhere
-(`EngineConfig.prefill_matmuls`). In `throughput` mode (`EngineConfig.decode`) the fp32 prefill graph is
-the engine's only graph and decodes too. A quantized bundle's fp32 prefill graph comes with a recipe for its
+`prefill-quantized.onnx` with the model's own matmuls. Prompts run through one of those: the quantized one on
+a CPU with int8 dot products (where its matmuls are the faster ones, and it needs no fp32 copy of the weights
+in memory), the fp32 one elsewhere (`EngineConfig.prefill_matmuls`). The quantized one then decodes too, as
+the engine's only graph (`decodes_with_prefill_graph`); with the fp32 one, the bundle's model decodes, except
+in `throughput` mode (`EngineConfig.decode`), where the fp32 prefill graph is the engine's only graph. A quantized bundle's fp32 prefill graph comes with a recipe for its
 weights instead of the weights (derived.py): it loads from the directory they are derived into. Any graph may
 load from a prepacked copy (prepacked.py).
 """
@@ -49,7 +49,7 @@ def prefill_graph_file(bundle: Bundle, config: EngineConfig) -> str | None:
     """The file of the prefill graph prompts run through, None without a usable one (see the module docstring)."""
     if not prefill_graph_usable(bundle, config):
         return None
-    if decodes_with_prefill_graph(bundle, config) or QUANTIZED_PREFILL_FILE not in bundle.manifest.files:
+    if config.decode == "throughput" or QUANTIZED_PREFILL_FILE not in bundle.manifest.files:
         return PREFILL_MODEL_FILE
     quantized = config.prefill_matmuls == "quantized" or (
         config.prefill_matmuls == "auto" and bool(cpu_flags() & INT8_DOT_PRODUCT_FLAGS)
@@ -72,12 +72,19 @@ def cpu_flags() -> frozenset[str]:
 
 
 def decodes_with_prefill_graph(bundle: Bundle, config: EngineConfig) -> bool:
-    """`throughput` mode with a usable prefill graph: that graph is the engine's one session."""
-    return config.decode == "throughput" and prefill_graph_usable(bundle, config)
+    """The prefill graph is the engine's one session: in `throughput` mode, and whenever prompts run through the
+    quantized prefill graph. Its matmuls are model.onnx's own and a decode step's one position per row is what
+    it gathers, so it decodes the same tokens, and one session holds one copy of the packed weights instead of
+    two (the demo: 147 MB less resident memory). Speculative decoding keeps model.onnx: verifying a draft needs
+    the logits of every position."""
+    prefill = prefill_graph_file(bundle, config)
+    if config.decode == "throughput":
+        return prefill is not None
+    return prefill == QUANTIZED_PREFILL_FILE and not config.speculative
 
 
 def decode_graph_path(bundle: Bundle, config: EngineConfig) -> Path:
-    """The graph decoding runs through: the prefill graph in `throughput` mode (when usable), else the bundle's."""
+    """The graph decoding runs through: the prefill graph when it is the engine's only one, else the bundle's."""
     if decodes_with_prefill_graph(bundle, config):
         return prefill_graph_path(bundle, config)
     return _loaded_from(bundle, bundle.model_path, config)

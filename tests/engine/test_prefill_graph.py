@@ -3,6 +3,7 @@ weights or with the model's own int8 matmuls; which one the engine runs depends 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -97,21 +98,28 @@ def test_prefill_graph_returns_the_last_position_of_the_same_model(
 
 
 @pytest.mark.real_model
-def test_decoded_kv_is_not_cached_when_prompts_use_the_prefill_graph(bundle: Bundle, tokenizer: Tokenizer) -> None:
+def test_decoded_kv_is_cached_only_when_one_graph_computes_prompts_and_tokens(
+    bundle: Bundle, tokenizer: Tokenizer
+) -> None:
     if PREFILL_MODEL_FILE not in bundle.manifest.files:
         pytest.skip("the test bundle was built without a prefill graph")
     prompt = chat_ids(tokenizer, "List three prime numbers.")
     request = GenerationRequest("decoded", prompt, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
-    counts: dict[bool, int] = {}
-    for use_graph in (True, False):
-        config = EngineConfig(max_batch=1, max_context=256, prefix_block_size=8, prefill_graph=use_graph)
+    graphs_in_use = {
+        "fp32 prefill graph + model.onnx": {"prefill_matmuls": "fp32"},
+        "quantized prefill graph alone": {"prefill_matmuls": "quantized"},
+        "model.onnx alone": {"prefill_graph": False},
+    }
+    counts: dict[str, int] = {}
+    for name, graph_config in graphs_in_use.items():
+        config = EngineConfig(max_batch=1, max_context=256, prefix_block_size=8, **graph_config)  # type: ignore[arg-type]
         engine = Engine(bundle, config)
         engine.generate(request)
-        counts[use_graph] = engine.stats().prefix_cache_bytes // (8 * bundle.manifest.model.kv_bytes_per_token())
+        counts[name] = engine.stats().prefix_cache_bytes // (8 * bundle.manifest.model.kv_bytes_per_token())
         engine.shutdown()
-    # Prefill KV and decode KV differ slightly between the graphs, so only prompt blocks may be reused.
-    assert counts[True] == len(prompt) // 8
-    assert counts[False] == (len(prompt) + 39) // 8
+    # Prefill KV and decode KV differ slightly between two graphs, so only prompt blocks may be reused then.
+    assert counts["fp32 prefill graph + model.onnx"] == len(prompt) // 8
+    assert counts["quantized prefill graph alone"] == counts["model.onnx alone"] == (len(prompt) + 39) // 8
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -129,7 +137,10 @@ def test_a_deferred_prefill_graph_takes_over_and_then_matches_a_loaded_engine(
     sampling = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     outputs, cached = {}, {}
     for defer in (False, True):
-        config = EngineConfig(max_batch=2, max_context=256, prefix_block_size=8, defer_prefill_graph=defer)
+        # Two graphs (prompts through fp32 matmuls, tokens through model.onnx), so there is one to defer.
+        config = EngineConfig(
+            max_batch=2, max_context=256, prefix_block_size=8, defer_prefill_graph=defer, prefill_matmuls="fp32"
+        )
         engine = Engine(bundle, config)
         if defer:
             # Ready before the prefill graph: whatever arrives now is served through the decode graph.
@@ -153,14 +164,16 @@ def test_a_prefill_graph_that_fails_to_load_leaves_the_decode_graph_serving(
 ) -> None:
     if PREFILL_MODEL_FILE not in bundle.manifest.files:
         pytest.skip("the test bundle was built without a prefill graph")
-    config = EngineConfig(max_batch=1, max_context=256, prefix_block_size=8, defer_prefill_graph=True)
+    config = EngineConfig(
+        max_batch=1, max_context=256, prefix_block_size=8, defer_prefill_graph=True, prefill_matmuls="fp32"
+    )
     used = prefill_graph_file(bundle, config)
     for entry in bundle.path.iterdir():
         if entry.name != used:
             (tmp_path / entry.name).symlink_to(entry)
     (tmp_path / str(used)).write_bytes(b"not an onnx graph")
     broken = open_bundle(tmp_path, verify=False)
-    engine = Engine(broken, config)
+    engine = Engine(broken, dataclasses.replace(config, derived=tmp_path / "derived"))
     try:
         engine.wait_for_prefill_graph()
         assert engine.prefill_graph == "decode graph"
@@ -179,7 +192,9 @@ def test_an_idle_engine_switches_to_the_prefill_graph_once_it_is_built(bundle: B
     """No request has to arrive first: a server's `/ready` reports the switch, and pages move, while idle."""
     if PREFILL_MODEL_FILE not in bundle.manifest.files:
         pytest.skip("the test bundle was built without a prefill graph")
-    config = EngineConfig(max_batch=1, max_context=256, prefix_block_size=8, defer_prefill_graph=True)
+    config = EngineConfig(
+        max_batch=1, max_context=256, prefix_block_size=8, defer_prefill_graph=True, prefill_matmuls="fp32"
+    )
     engine = Engine(bundle, config)
     engine.start()
     try:
@@ -273,7 +288,12 @@ def test_the_prefill_graph_follows_the_cpu_unless_configured(bundle: Bundle, mon
     assert on(vnni, prefill_graph=False) is None
     assert on(vnni, providers=("cuda", "cpu")) is None
     monkeypatch.setattr(graphs, "cpu_flags", lambda: frozenset(vnni))
-    assert graphs.bundle_graphs(bundle) == [bundle.model_path, bundle.path / QUANTIZED_PREFILL_FILE]
+    # The quantized prefill graph decodes too (graphs.decodes_with_prefill_graph): one graph, one copy of the weights.
+    assert graphs.bundle_graphs(bundle) == [bundle.path / QUANTIZED_PREFILL_FILE]
+    assert graphs.bundle_graphs(bundle, EngineConfig(speculative=True)) == [
+        bundle.model_path,
+        bundle.path / QUANTIZED_PREFILL_FILE,
+    ]
     throughput = EngineConfig(decode="throughput")
     assert graphs.bundle_graphs(bundle, throughput) == [graph_source(bundle, PREFILL_MODEL_FILE, throughput)]
 
