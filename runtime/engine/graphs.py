@@ -6,9 +6,10 @@ for each row's last position only: `prefill.onnx` with fp32 matmuls, and, for a 
 a CPU with int8 dot products (where its matmuls are the faster ones, and it needs no fp32 copy of the weights
 in memory), the fp32 one elsewhere (`EngineConfig.prefill_matmuls`). The quantized one then decodes too, as
 the engine's only graph (`decodes_with_prefill_graph`); with the fp32 one, the bundle's model decodes, except
-in `throughput` mode (`EngineConfig.decode`), where the fp32 prefill graph is the engine's only graph. A quantized bundle's fp32 prefill graph comes with a recipe for its
-weights instead of the weights (derived.py): it loads from the directory they are derived into. Any graph may
-load from a prepacked copy (prepacked.py).
+in `throughput` mode (`EngineConfig.decode`), where the fp32 prefill graph is the engine's only graph.
+A quantized bundle's fp32 prefill graph comes with a recipe for its weights instead of the weights
+(derived.py): it loads from the directory they are derived into. Any graph may load from a prepacked copy
+(prepacked.py).
 """
 
 from __future__ import annotations
