@@ -16,6 +16,7 @@ SUPPORTED_DECODERS: dict[str, str] = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",  # Phi-3 without rope scaling (its 4k-context models); fused q/k/v and gate/up
     "GemmaForCausalLM": "gemma",
     "Gemma2ForCausalLM": "gemma2",  # sliding-window layers, logit soft-capping
     "Gemma3ForCausalLM": "gemma3_text",  # text-only Gemma 3 (270M, 1B); sliding-window layers
