@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -79,6 +80,10 @@ def _print_summary(result: BuildResult, progress: StepProgress, elapsed: float) 
         "ops",
         ", ".join(f"{op} {result.ops[op]}" for op in fused if result.ops[op]) + f"; {sum(result.ops.values())} nodes",
     )
+    from packager.export.gguf import CARRY_REPORT  # loaded by the build already
+
+    if CARRY_REPORT in manifest.files:
+        summary.add_row("gguf", _carried(json.loads((result.bundle / CARRY_REPORT).read_text())))
     parity = result.parity
     summary.add_row("parity", f"fp32 ONNX greedy = PyTorch on {parity.identical_greedy}/{parity.prompts} prompts")
     console.print(summary)
@@ -101,6 +106,17 @@ def _print_summary(result: BuildResult, progress: StepProgress, elapsed: float) 
         )
     console.print(quality)
     print_build_outcome(console, result, progress, elapsed)
+
+
+def _carried(report: dict[str, Any]) -> str:
+    """How many GGUF tensors kept their own blocks (by type), and which graph weights stayed float32 and why."""
+    types = ", ".join(f"{name} {count}" for name, count in report["gguf_types"].items())
+    line = f"{sum(report['gguf_types'].values())} GGUF tensors kept exactly ({types})"
+    kept = report["kept_float32"]
+    if kept:
+        reasons = sorted(set(kept.values()))
+        line += f"; {len(kept)} kept float32: {'; '.join(reasons)}"
+    return line
 
 
 def _why(result: BuildResult) -> str:

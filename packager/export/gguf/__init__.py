@@ -18,7 +18,7 @@ from packager.export.builder import DIGESTS_NAME, ExportOptions, ExportResult
 from packager.export.gguf.rewrite import carry_gguf_weights
 from runtime.bundle import file_digest
 
-GGUF_EXPORT_VERSION = 4  # bump when the graph written here changes, to invalidate cached exports
+GGUF_EXPORT_VERSION = 5  # bump when the graph written here changes, to invalidate cached exports
 CARRY_REPORT = "gguf-weights.json"
 _MODEL = "model.onnx"
 _BUILDER_FILES = ("model.onnx", "model.onnx.data", DIGESTS_NAME, "builder.log", ".complete")

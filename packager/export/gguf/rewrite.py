@@ -38,13 +38,13 @@ class CarryReport:
     # fp32 graph, whether that initializer holds the rows as columns (a MatMul's `[K, N]`), and its GGUF rows
     carried: dict[str, dict[str, object]] = field(default_factory=dict)
     kept_float: dict[str, str] = field(default_factory=dict)  # node -> why its weight stayed float32
-    types: Counter[str] = field(default_factory=Counter)  # GGUF type -> graph weights using it
+    tensors: dict[str, str] = field(default_factory=dict)  # GGUF tensor carried -> its type
 
     def to_json(self) -> dict[str, object]:
         return {
             "carried": self.carried,
             "kept_float32": self.kept_float,
-            "gguf_types": dict(sorted(self.types.items())),
+            "gguf_types": dict(sorted(Counter(self.tensors.values()).items())),  # type -> GGUF tensors carried
         }
 
 
@@ -132,8 +132,8 @@ def carry_gguf_weights(
             report.kept_float[node.name] = "its rows come from GGUF tensors of different types"
             continue
         matches[node.name] = match
-        for tensor in {r.tensor for r in runs}:
-            report.types[weights.type_name(tensor)] += 1
+        for run in runs:
+            report.tensors[run.tensor] = weights.type_name(run.tensor)
 
     files = WeightFile()
     rewritten: list[NodeProto] = []
