@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,16 @@ def recipe_name(graph: str) -> str:
 
 
 def default_directory(bundle: Bundle) -> Path:
-    """`$ONNXFN_STATE_DIR/derived/DIGEST` (beside the verification records), one directory per bundle."""
-    return default_record_dir().parent / "derived" / bundle.manifest.digest.removeprefix("sha256:")[:32]
+    """`$ONNXFN_STATE_DIR/derived/DIGEST` (beside the verification records), one directory per bundle; under the
+    temporary directory where the state directory cannot be written (a read-only home: Lambda's `/tmp` then)."""
+    name = bundle.manifest.digest.removeprefix("sha256:")[:32]
+    state = default_record_dir().parent
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+        writable = os.access(state, os.W_OK)
+    except OSError:
+        writable = False
+    return (state if writable else Path(tempfile.gettempdir()) / "onnxfn") / "derived" / name
 
 
 def dequantize_nbits(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -91,14 +92,16 @@ class SessionBuild:
 
     def __init__(
         self,
-        model_path: Path,
+        model_path: Path | Callable[[], Path],
         options: SessionOptions,
         *,
         background: bool = False,
         warm_up: WarmUp | None = None,
         start: bool = True,
     ) -> None:
-        """`background`: build at a low CPU priority, so requests served meanwhile lose little time to it.
+        """`model_path`: the graph, or a function returning it (called on the building thread).
+
+        `background`: build at a low CPU priority, so requests served meanwhile lose little time to it.
 
         `warm_up`: a one-token forward run before the session is handed over (ONNX Runtime's first run
         allocates and initialises), for a session that is not used at once: it costs this thread only.
@@ -126,12 +129,15 @@ class SessionBuild:
             self._thread = threading.Thread(target=self._build, args=self._args, name="onnxfn-session", daemon=True)
             self._thread.start()
 
-    def _build(self, model_path: Path, options: SessionOptions, background: bool, warm_up: WarmUp | None) -> None:
+    def _build(
+        self, model_path: Path | Callable[[], Path], options: SessionOptions, background: bool, warm_up: WarmUp | None
+    ) -> None:
         if background:
             lower_priority()  # the session's pool threads, created here, inherit it
         try:
+            path = model_path if isinstance(model_path, Path) else model_path()
             before = memory_map()
-            session = create_session(model_path, options)
+            session = create_session(path, options)
             self.allocated = subtract(memory_map(), before)
             if warm_up is not None:
                 session.run(None, warm_up.feed())
@@ -167,5 +173,7 @@ def prefill_session_build(bundle: Bundle, config: EngineConfig, background: bool
     # built in the background is warmed on its own thread, before the engine switches to it.
     warm_up = WarmUp(bundle.manifest.model) if background else None
     options = SessionOptions.for_engine(config)
-    path = prefill_graph_path(bundle, config)
+    # Resolved on the building thread: a derived graph may be written first (engine/derived.py), and a failure
+    # there is the build's, which a deferred build survives by serving prompts through the decode graph.
+    path = functools.partial(prefill_graph_path, bundle, config)
     return SessionBuild(path, options, background=background, warm_up=warm_up, start=not background)

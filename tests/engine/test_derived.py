@@ -10,7 +10,9 @@ import pytest
 from packager.export.prefill import PREFILL_DATA_FILE
 from runtime.bundle import Bundle, Manifest
 from runtime.engine.derived import RECORD, DerivedGraphs
+from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.graphs import PREFILL_MODEL_FILE
+from runtime.engine.request import GenerationRequest, SamplingParams
 
 pytestmark = pytest.mark.real_model
 
@@ -51,3 +53,24 @@ def test_an_interrupted_derivation_leaves_no_record(
         derived.graph(bundle, PREFILL_MODEL_FILE)
     assert derived.problem(bundle, PREFILL_MODEL_FILE) == "none was written yet"
     assert not list((tmp_path / "derived").glob("*.partial"))
+
+
+def test_an_engine_whose_derived_weights_cannot_be_written_serves_prompts_through_the_decode_graph(
+    bundle: Bundle, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk or a read-only folder costs the fp32 prefill graph, not the server (built in the background)."""
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    config = EngineConfig(
+        max_batch=1, max_context=128, prefill_matmuls="fp32", defer_prefill_graph=True, derived=blocker / "derived"
+    )
+    engine = Engine(bundle, config)
+    try:
+        engine.wait_for_prefill_graph()
+        assert engine.prefill_graph == "decode graph"
+        assert "the prefill graph failed to load" in caplog.text
+        request = GenerationRequest("fallback", [1, 2, 3], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        assert len(engine.generate(request)[0].token_ids) == 4
+    finally:
+        engine.shutdown()
