@@ -147,17 +147,25 @@ def _verify(
 ) -> CandidateQuality:
     precision = export.options.precision
     with progress.step(f"verify {precision}", f"verify {precision} against fp32") as step:
-        key = digest_of("quality", VERIFY_VERSION, export.key, reference.key, asdict(budget))
-        data, reused = cached_json(
-            "quality",
-            key,
-            lambda: asdict(
-                evaluator.get(step.update).evaluate(export.directory, precision, budget, progress=step.update)
-            ),
+        quality, reused = cached_quality(
+            export,
+            reference,
+            budget,
+            lambda: evaluator.get(step.update).evaluate(export.directory, precision, budget, progress=step.update),
         )
         if reused:
             step.cached()
-    return CandidateQuality(**{**data, "failures": tuple(data["failures"])})
+    return quality
+
+
+def cached_quality(
+    export: ExportResult, reference: ExportResult, budget: QualityBudget, measure: Callable[[], CandidateQuality]
+) -> tuple[CandidateQuality, bool]:
+    """`export`'s quality against `reference` under `budget`: `(figures, reused)`, `measure`d only when no build or
+    bench filed them yet (scripts/benchlib/quality.py reads the same entries)."""
+    key = digest_of("quality", VERIFY_VERSION, export.key, reference.key, asdict(budget))
+    data, reused = cached_json("quality", key, lambda: asdict(measure()))
+    return CandidateQuality(**{**data, "failures": tuple(data["failures"])}), reused
 
 
 def _export(

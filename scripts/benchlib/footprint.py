@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packager.export.builder import ExportResult
 from runtime.bundle import open_bundle
 from runtime.engine.graphs import PREFILL_MODEL_FILE
 
@@ -34,14 +35,15 @@ def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def artifacts(bundle_dir: Path, gguf: Path, hf_dir: Path) -> dict[str, Artifact]:
-    """Per system: onnxfn, genai and ort-loop share the bundle; llama.cpp keeps an f16 KV; transformers runs fp32."""
+def artifacts(bundle_dir: Path, gguf: Path, hf_dir: Path, exports: dict[str, ExportResult]) -> dict[str, Artifact]:
+    """Per system: onnxfn, genai and ort-loop share the bundle; genai-int* run their own builder export (`exports`,
+    by system); llama.cpp keeps an f16 KV; transformers runs fp32."""
     manifest = open_bundle(bundle_dir, verify=False).manifest
     facts = manifest.model
     kv_elements = 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim
     weights = sum(e.size for name, e in manifest.files.items() if name.startswith(manifest.model_file))
     bundle = Artifact(f"bundle ({facts.precision})", weights, dir_bytes(bundle_dir), facts.kv_bytes_per_token())
-    gguf_artifact = Artifact("GGUF Q4_1", gguf.stat().st_size, gguf.stat().st_size, kv_elements * 2)
+    gguf_artifact = Artifact(f"GGUF {gguf.name}", gguf.stat().st_size, gguf.stat().st_size, kv_elements * 2)
     hf_weights = sum(p.stat().st_size for p in hf_dir.glob("*.safetensors"))
     hf_artifact = Artifact("HF folder fp32", hf_weights, dir_bytes(hf_dir), kv_elements * 4)
     # Throughput mode decodes through prefill.onnx: its fp32 matmul weights and what it shares of model.onnx.data.
@@ -55,11 +57,34 @@ def artifacts(bundle_dir: Path, gguf: Path, hf_dir: Path) -> dict[str, Artifact]
         "onnxfn-http": bundle,
         "onnxfn-http-throughput": throughput,
         "genai": bundle,
+        **{system: export_artifact(export) for system, export in exports.items()},
         "ort-loop": bundle,
         "llamacpp": gguf_artifact,
         "llamacpp-server": gguf_artifact,
         "transformers": hf_artifact,
     }
+
+
+def export_artifact(export: ExportResult) -> Artifact:
+    """A builder export as genai loads it: the files the builder wrote (not the cache's bookkeeping), its graph's
+    weights, and its KV cache's element type."""
+    decoder = json.loads((export.directory / "genai_config.json").read_text())["model"]["decoder"]
+    graph = export.directory / decoder["filename"]
+    sizes = {name: int(entry["size"]) for name, entry in export.digests.items()}
+    weights = sum(size for name, size in sizes.items() if name.startswith(graph.name))
+    past_key = decoder["inputs"]["past_key_names"] % 0
+    kv_elements = 2 * decoder["num_hidden_layers"] * decoder["num_key_value_heads"] * decoder["head_size"]
+    label = f"genai export ({export.options.precision})"
+    return Artifact(label, weights, sum(sizes.values()), kv_elements * input_itemsize(graph, past_key))
+
+
+def input_itemsize(model_path: Path, name: str) -> int:
+    """Bytes per element of a graph input (the graph only: its weights stay unread)."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    (value,) = [i for i in model.graph.input if i.name == name]
+    return onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).itemsize
 
 
 def graph_weight_bytes(model_path: Path) -> int:
@@ -90,8 +115,3 @@ def bandwidth_limits(
 
 def cold_floor(bundle_bytes: int, bandwidth: float, interpreter_s: float) -> float:
     return bundle_bytes / bandwidth + interpreter_s
-
-
-def read_quality(bundle_dir: Path) -> dict[str, Any] | None:
-    path = bundle_dir / "quality.json"
-    return json.loads(path.read_text()) if path.is_file() else None

@@ -4,6 +4,8 @@ Prompts are windows of a long English text found on the machine (no network). Ea
 so that decoding its ids to text and encoding that text again gives the same ids, with the bundle's
 tokenizer and with any other tokenizer given (llama.cpp's pre-tokenizer splits some whitespace runs
 differently): HTTP servers take text, in-process systems take ids, and all must see identical tokens.
+A server encodes a text prompt with the special tokens its tokenizer adds (Gemma's `<bos>`; SmolLM2's
+adds none), so every prompt starts with them and counts them in its length.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class PromptFactory:
 
     def __init__(self, tokenizer_path: Path, other_tokenizers: Sequence[Callable[[str], list[int]]] = ()) -> None:
         self._tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_path))
+        self._added = added_prefix(self._tokenizer)
         self._others = tuple(other_tokenizers)
         self._prefixes: set[tuple[int, ...]] = set()
         self.source, text = source_text()
@@ -61,35 +64,47 @@ class PromptFactory:
         self._passes = 0  # times the text was used up and started over
 
     def take(self, length: int) -> Prompt:
-        """The next window of `length` tokens that round-trips and starts unlike every earlier prompt.
+        """The next prompt of `length` tokens (the tokenizer's added ones, then a window of the text) that
+        round-trips and starts unlike every earlier prompt.
 
         Once the text is used up, windows start over one token further in: they overlap earlier prompts'
         text but never start like one, which is all a prefix cache could reuse.
         """
+        window_length = length - len(self._added)
         for _ in range(MAX_ATTEMPTS):
             start = self._cursor
-            while start + length > len(self._ids):
+            while start + window_length > len(self._ids):
                 self._passes += 1
-                if self._passes >= min(length, len(self._ids) - length + 1):
+                if self._passes >= min(window_length, len(self._ids) - window_length + 1):
                     raise PromptsUsedUp(
                         f"the prompt text ({len(self._ids)} tokens) has no more distinct {length}-token windows; "
                         "ask for fewer rounds"
                     )
                 start = self._cursor = self._passes
-            window = self._ids[start : start + length]
+            window = self._ids[start : start + window_length]
             self._cursor = start + 1
             if tuple(window[:PREFIX_KEY]) in self._prefixes:
                 continue
             text = self._tokenizer.decode(window, skip_special_tokens=False)
-            encodings = [self._tokenizer.encode(text, add_special_tokens=False).ids]
+            ids = self._added + window
+            encodings = [self._tokenizer.encode(text).ids]
             encodings += [encode(text) for encode in self._others]
-            if all(ids == window for ids in encodings):
-                self._cursor = start + length
+            if all(encoded == ids for encoded in encodings):
+                self._cursor = start + window_length
                 self._prefixes.add(tuple(window[:PREFIX_KEY]))
-                return Prompt(ids=tuple(window), text=text)
+                return Prompt(ids=tuple(ids), text=text)
         raise ValueError(
             f"{MAX_ATTEMPTS} {length}-token windows of {self.source} in a row fail a decode/encode round trip"
         )
 
     def batch(self, count: int, length: int) -> list[Prompt]:
         return [self.take(length) for _ in range(count)]
+
+
+def added_prefix(tokenizer: tokenizers.Tokenizer) -> list[int]:
+    """The special tokens `tokenizer` puts before a text of its own (a `<bos>`); none for most chat models."""
+    plain = tokenizer.encode("text", add_special_tokens=False).ids
+    full = tokenizer.encode("text").ids
+    if full[len(full) - len(plain) :] != plain:
+        raise ValueError("the tokenizer adds special tokens after a text too; the bench cannot keep prompts' lengths")
+    return full[: len(full) - len(plain)]

@@ -20,6 +20,8 @@ from benchlib.stats import median
 from benchlib.systems import PROCESS_SNAPSHOT, VARIANTS
 
 BUSY_SHARE = 0.05  # other processes' share of CPU time above which the report warns
+# The footprint table's rows: one system per distinct artifact (the others share one of these).
+FOOTPRINT_SYSTEMS = ("onnxfn", "genai-int8", "genai-int4", "llamacpp", "transformers")
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
@@ -262,15 +264,21 @@ def render_quality(results: dict[str, Any]) -> str:
     quality = results["quality"]
     if quality is None:
         return "## Quality\n\nThe bundle has no quality.json (it was not built by `pkg build`).\n"
-    out = "## Quality (the bundle's quality.json, written by `pkg build`)\n\n"
     candidates = quality.get("candidates")
     if not isinstance(candidates, list):  # a layout this report does not know: show it as it is
-        return out + "```json\n" + json.dumps(quality, indent=2) + "\n```\n"
+        return "## Quality\n\n```json\n" + json.dumps(quality, indent=2) + "\n```\n"
+    # The bench's own rows name the system each runs in; an older run's are a copy of the bundle's quality.json.
+    measured = any("system" in c for c in candidates)
+    if measured:
+        out = "## Quality against fp32 (`pkg build`'s method and budget)\n\n"
+    else:
+        out = "## Quality (the bundle's quality.json, written by `pkg build`)\n\n"
     method = quality.get("method", {})
     out += (
         f"Reference {quality.get('reference', '?')}; {method.get('prompts', '?')} prompts, "
         f"{method.get('continuation_tokens', '?')} continuation tokens; KL: {method.get('kl', '?')}; "
-        f"perplexity: {method.get('perplexity', '?')}. Chosen: **{quality.get('chosen', '?')}**.\n\n"
+        f"perplexity: {method.get('perplexity', '?')}. {'Bundle precision' if measured else 'Chosen'}: "
+        f"**{quality.get('chosen', '?')}**.\n\n"
     )
     rows = [
         [
@@ -283,10 +291,11 @@ def render_quality(results: dict[str, Any]) -> str:
             f"{c.get('greedy_match_prompts', '?')}/{c.get('greedy_prompts', '?')}",
             "yes" if c.get("passes") else "no: " + "; ".join(c.get("failures", [])),
         ]
+        + ([c.get("system", "-"), c.get("origin", "-")] if measured else [])
         for c in candidates
     ]
     header = ["precision", "top-1 agreement", "mean KL", "max KL", "perplexity", "vs fp32", "greedy match"]
-    out += table([*header, "within budget"], rows)
+    out += table([*header, "within budget", *(["run by", "figures from"] if measured else [])], rows)
     if parity := quality.get("torch_parity"):
         out += (
             f"\nfp32 ONNX vs PyTorch: identical greedy output on {parity.get('identical_greedy')}"
@@ -295,10 +304,30 @@ def render_quality(results: dict[str, Any]) -> str:
     return out
 
 
+def render_footprint(results: dict[str, Any]) -> str:
+    """Each distinct artifact once, in bytes and against the GGUF every export here comes from."""
+    artifacts = results["artifacts"]
+    gguf = artifacts.get("llamacpp", {}).get("total_bytes")
+    rows = [
+        [
+            artifacts[name]["label"],
+            name,
+            fmt(artifacts[name]["total_bytes"] / 1e6, 1),
+            f"{artifacts[name]['total_bytes'] / gguf:.2f}" if gguf else "-",
+        ]
+        for name in FOOTPRINT_SYSTEMS
+        if name in artifacts
+    ]
+    note = "Every file each system loads (a bundle: every file in it), in MB of 10^6 bytes.\n\n"
+    return "## Footprint\n\n" + note + table(["artifact", "run by", "MB", "/ GGUF"], rows)
+
+
 def render_header(results: dict[str, Any]) -> str:
     meta = results["meta"]
     facts = meta["machine"]
     versions = ", ".join(f"{k} {v}" for k, v in facts["packages"].items())
+    model = f"Model **{meta['model']}** (`{meta['function']}`). " if "model" in meta else ""
+    exports = "".join(f"{name} runs the builder's export `{path}`. " for name, path in meta.get("exports", {}).items())
     lines = [
         "# onnxfn benchmark",
         "",
@@ -307,7 +336,7 @@ def render_header(results: dict[str, Any]) -> str:
         f"{facts['memory_gib']} GiB, Linux {facts['kernel']}, Python {facts['python']}. "
         f"{meta['threads']} intra-op threads everywhere.",
         "",
-        f"Bundle `{meta['bundle']}`; GGUF `{meta['gguf']}`; HF folder `{meta['hf_dir']}`. "
+        f"{model}Bundle `{meta['bundle']}`; GGUF `{meta['gguf']}`; HF folder `{meta['hf_dir']}`. {exports}"
         f"Prompts: token windows of `{meta['prompt_source']}` (fresh text every round, identical across systems). "
         f"Medians of {meta['plan']['repetitions']} interleaved rounds after one warm-up round.",
         "",
@@ -342,6 +371,7 @@ RENDERERS = (
     ("concurrency", render_concurrency),
     ("cold", render_cold),
     ("memory", render_memory),
+    ("artifacts", render_footprint),
     ("quality", render_quality),
     ("embeddings", embeddings.render),
 )

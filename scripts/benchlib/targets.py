@@ -1,5 +1,10 @@
-"""The runtime issue's speed targets, each read off one run: onnxfn's figure over a peer's, by the medians
-and round by round (the paired median and its 95 % interval decide whether the run shows it met)."""
+"""The issues' targets, each read off one run.
+
+A speed target (`Target`) is onnxfn's figure over a peer's that must reach a goal, by the medians and
+round by round (the paired median and its 95 % interval decide whether the run shows it met). A footprint
+target (`Ceiling`) is one figure of onnxfn's over a peer's, each measured once (bytes, peak RSS, mean KL
+against fp32), that must stay at or below its goal.
+"""
 
 from __future__ import annotations
 
@@ -29,13 +34,39 @@ class Target:
         return "tok_s" if self.section == "decode" else "aggregate_tok_s"
 
 
+@dataclass(frozen=True)
+class Ceiling:
+    label: str
+    section: str  # `artifacts`, `memory` or `quality`
+    key: str  # the figure in each system's entry
+    system: str  # onnxfn's row
+    peer: str
+    goal: float  # onnxfn / peer must stay at or below this
+
+    def systems(self, results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        if self.section == "quality":  # quality.json's layout: a list of rows, the bench's own name the system
+            rows = (results.get("quality") or {}).get("candidates", [])
+            return {row["system"]: row for row in rows if "system" in row}
+        return results.get(self.section, {})
+
+
 TARGETS = (
     Target("decode, batch 1: onnxfn / genai on the same bundle", "decode", 1, "onnxfn", "genai", 1.0),
-    Target(
-        "8 streams: onnxfn over HTTP / genai's static batch in-process", "concurrency", 8, "onnxfn-http", "genai", 1.0
-    ),
+    Target("decode, batch 1: onnxfn / genai on the builder's int8 export", "decode", 1, "onnxfn", "genai-int8", 1.2),
+    Target("decode, batch 1: onnxfn / llama.cpp in-process on the same GGUF", "decode", 1, "onnxfn", "llamacpp", 1.3),
+    Target("8 streams: onnxfn over HTTP / genai's static batch in-process", "concurrency", 8, "onnxfn-http", "genai",
+           1.0),
+    Target("8 streams: onnxfn over HTTP / genai int8's static batch in-process", "concurrency", 8, "onnxfn-http",
+           "genai-int8", 1.2),
     Target("8 streams: onnxfn over HTTP / llama.cpp's server", "concurrency", 8, "onnxfn-http", "llamacpp-server", 2.0),
-)
+)  # fmt: skip
+CEILINGS = (
+    Ceiling("quality: mean KL vs fp32, onnxfn's bundle / genai's int8 export", "quality", "mean_kl", "onnxfn",
+            "genai-int8", 1.0),
+    Ceiling("size: onnxfn's bundle / the GGUF", "artifacts", "total_bytes", "onnxfn", "llamacpp", 1.5),
+    Ceiling("peak RSS: onnxfn's server / llama.cpp's server", "memory", "peak_rss_mib", "onnxfn-http",
+            "llamacpp-server", 1.3),
+)  # fmt: skip
 HEADER = ["target", "goal", "by medians", "round by round: median (95 % interval)", "this run"]
 
 
@@ -60,4 +91,11 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
         else:
             cells += ["-", "met" if mine / peer >= target.goal else "**missed**"]
         found.append(cells)
+    for ceiling in CEILINGS:
+        systems = ceiling.systems(results)
+        mine, peer = systems.get(ceiling.system, {}).get(ceiling.key), systems.get(ceiling.peer, {}).get(ceiling.key)
+        if mine is None or not peer:
+            continue
+        verdict_cell = "met" if mine / peer <= ceiling.goal else "**missed**"
+        found.append([ceiling.label, f"<= {ceiling.goal:.1f}", f"{mine / peer:.2f}", "-", verdict_cell])
     return found

@@ -7,23 +7,27 @@ from pathlib import Path
 
 import pytest
 import tokenizers
-from tokenizers import models, pre_tokenizers
+from tokenizers import models, pre_tokenizers, processors
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 from benchlib.prompts import PREFIX_KEY, PromptFactory, PromptsUsedUp, source_text
 
 
-@pytest.fixture(scope="module")
-def tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def word_tokenizer() -> tokenizers.Tokenizer:
     """A word-level tokenizer over the prompt text's own words: every window round-trips."""
     _, text = source_text()
     pre = pre_tokenizers.Whitespace()
     words = sorted({word for word, _ in pre.pre_tokenize_str(text)})
     tokenizer = tokenizers.Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
     tokenizer.pre_tokenizer = pre
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
-    tokenizer.save(str(path))
+    word_tokenizer().save(str(path))
     return path
 
 
@@ -46,3 +50,23 @@ def test_a_text_without_distinct_windows_left_says_to_ask_for_fewer_rounds(token
     assert len({p.ids for p in taken}) == 9
     with pytest.raises(PromptsUsedUp, match="no more distinct 32-token windows; ask for fewer rounds"):
         factory.take(32)
+
+
+def test_a_tokenizer_that_adds_a_bos_gets_it_in_every_prompt_and_in_its_length(tmp_path: Path) -> None:
+    """As a server encodes a text prompt (Gemma's <bos>), so in-process systems see the same ids."""
+    tokenizer = word_tokenizer()
+    tokenizer.add_special_tokens(["<bos>"])
+    bos = tokenizer.token_to_id("<bos>")
+    tokenizer.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    seen: list[str] = []
+
+    def server_tokenizer(text: str) -> list[int]:
+        seen.append(text)
+        return tokenizer.encode(text).ids
+
+    prompts = PromptFactory(path, [server_tokenizer]).batch(3, 32)
+    assert all(len(p.ids) == 32 and p.ids[0] == bos and bos not in p.ids[1:] for p in prompts)
+    assert [list(p.ids) for p in prompts] == [tokenizer.encode(p.text).ids for p in prompts]
+    assert seen[-1] == prompts[-1].text  # every window is checked against the other tokenizer too

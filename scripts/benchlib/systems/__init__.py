@@ -12,6 +12,9 @@ REGISTRY = {
     # The same server with `--decode throughput`: the prefill graph decodes too (EngineConfig.decode).
     "onnxfn-http-throughput": ("benchlib.systems.server", "ServerSystem"),
     "genai": ("benchlib.systems.genai", "GenaiSystem"),
+    # genai on the builder's int8 / int4 export of the function's source (models.GENAI_EXPORTS), not the bundle.
+    "genai-int8": ("benchlib.systems.genai", "GenaiSystem"),
+    "genai-int4": ("benchlib.systems.genai", "GenaiSystem"),
     # No engine at all: a bare ONNX Runtime loop over the same graph, the ceiling of a Python-driven engine.
     "ort-loop": ("benchlib.systems.ortloop", "OrtLoopSystem"),
     "llamacpp": ("benchlib.systems.llamacpp", "LlamaCppSystem"),

@@ -1,4 +1,4 @@
-"""onnxruntime-genai on the bundle's folder (it ships genai_config.json): batch 1 and static batch."""
+"""onnxruntime-genai on a folder with a genai_config.json (the bundle or a builder export): batch 1, static batch."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""llama.cpp through llama-cpp-python, in-process, on the original Q4_1 GGUF (one sequence at a time)."""
+"""llama.cpp through llama-cpp-python, in-process, on the function's own GGUF (one sequence at a time)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import llama_cpp
 from llama_cpp import Llama
 
 from benchlib.systems.base import (
@@ -18,9 +19,18 @@ from benchlib.systems.base import (
 
 
 def gguf_tokenizer(gguf: str) -> Callable[[str], list[int]]:
-    """llama.cpp's own tokenizer for `gguf` (vocabulary only), as its server tokenizes a text prompt."""
+    """llama.cpp's own tokenizer for `gguf` (vocabulary only), as its server tokenizes a text prompt: with the
+    `<bos>` the file asks for (Gemma's; SmolLM2's asks for none)."""
     vocab = Llama(model_path=gguf, vocab_only=True, verbose=False)
-    return lambda text: vocab.tokenize(text.encode(), add_bos=False, special=True)
+    return lambda text: vocab.tokenize(text.encode(), add_bos=True, special=True)
+
+
+def end_tokens(gguf: str) -> list[int]:
+    """Every token llama.cpp ends a generation at: the file's EOS and the end-of-turn markers it recognises by
+    name (SmolLM2: <|endoftext|>, <|im_end|> and one more; Gemma: <eos>, <end_of_turn> and one more)."""
+    model = Llama(model_path=gguf, vocab_only=True, verbose=False)
+    vocab = llama_cpp.llama_model_get_vocab(model.model)
+    return [token for token in range(model.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, token)]
 
 
 class LlamaCppSystem:

@@ -39,6 +39,10 @@ def onnxfn_server(config: SystemConfig, decode: str = "latency") -> ServerSpec:
 
 
 def llamacpp_server(config: SystemConfig) -> ServerSpec:
+    from benchlib.systems.llamacpp import end_tokens  # here: onnxfn's server specs never load llama.cpp
+
+    # The server has no ignore_eos: ban every token it would stop at instead.
+    banned = end_tokens(config.gguf)
     settings = {
         "--model": config.gguf,
         "--model_alias": "bench",
@@ -53,8 +57,7 @@ def llamacpp_server(config: SystemConfig) -> ServerSpec:
     return ServerSpec(
         command=[config.python, "-m", "llama_cpp.server", *(str(p) for kv in settings.items() for p in kv)],
         ready_path="/v1/models",
-        # The server has no ignore_eos: ban SmolLM2's <|im_end|> (id 2) instead.
-        extra_body={"logit_bias": {"2": -100}},
+        extra_body={"logit_bias": {str(token): -100 for token in banned}},
         env={"OMP_NUM_THREADS": str(config.threads)},
     )
 

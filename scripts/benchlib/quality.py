@@ -1,0 +1,88 @@
+"""Quality of what each system runs, against the fp32 reference, by the packager's own method and budget.
+
+onnxfn's bundle precision (`gguf` for a GGUF source) and the builder's int8 and int4 exports the
+genai-int* systems run: top-1 agreement, mean and max KL, perplexity change (packager.verify). The
+bundle's figures are the ones its build wrote to quality.json; an export's come from the packager's cache
+(packager.build.cached_quality, as `pkg build` files them), so a figure any build already
+measured is reused, and one measured here is there for the next run and the next build.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from benchlib.models import GENAI_EXPORTS, REFERENCE_PRECISION, BenchModel
+from packager.build import cached_quality
+from packager.export.builder import ExportResult
+from packager.quantize import budget_of
+from packager.verify import QualityBudget, QualityEvaluator, candidate_json
+from runtime.bundle import read_manifest
+
+FROM_BUNDLE = "the bundle's quality.json"
+FROM_CACHE = "the packager's cache"
+MEASURED = "measured by this run"
+
+
+def measure(model: BenchModel) -> dict[str, Any]:
+    """quality.json's layout (so one renderer reads both), a row per system with its figures' origin."""
+    budget = budget_of(model.spec.export)
+    reference = model.exports[REFERENCE_PRECISION]
+    evaluator = lazy_evaluator(reference)
+    built_path = model.bundle / "quality.json"
+    built = json.loads(built_path.read_text()) if built_path.is_file() else {}
+    precision = read_manifest(model.bundle).model.precision
+    rows = [bundle_row(model, precision, built, budget, evaluator)]
+    for system, export_precision in GENAI_EXPORTS.items():
+        figures, origin = export_figures(model.exports[export_precision], reference, budget, evaluator)
+        rows.append({**figures, "system": system, "origin": origin})
+    return {
+        "reference": REFERENCE_PRECISION,
+        "chosen": precision,
+        "budget": asdict(budget),
+        "method": built.get("method", {}),
+        "torch_parity": built.get("torch_parity"),
+        "candidates": rows,
+    }
+
+
+def lazy_evaluator(reference: ExportResult) -> Callable[[], QualityEvaluator]:
+    """The evaluator, made on first use only: it runs the fp32 reference over every prompt when made."""
+    made: list[QualityEvaluator] = []
+
+    def get() -> QualityEvaluator:
+        if not made:
+            directory = reference.directory
+            template = directory / "chat_template.jinja"  # as packager.build: a base model has none
+            chat_template = template.read_text() if template.is_file() else None
+            made.append(QualityEvaluator(directory, directory / "tokenizer.json", chat_template))
+        return made[0]
+
+    return get
+
+
+def bundle_row(
+    model: BenchModel,
+    precision: str,
+    built: dict[str, Any],
+    budget: QualityBudget,
+    evaluator: Callable[[], QualityEvaluator],
+) -> dict[str, Any]:
+    """The bundle's own precision: its build's figures, or measured on the bundle's folder when it has none."""
+    for row in [*built.get("candidates", []), *built.get("compared", [])]:
+        if row.get("precision") == precision:
+            return {**row, "system": "onnxfn", "origin": FROM_BUNDLE}
+    figures = candidate_json(evaluator().evaluate(model.bundle, precision, budget))
+    return {**figures, "system": "onnxfn", "origin": MEASURED}
+
+
+def export_figures(
+    export: ExportResult, reference: ExportResult, budget: QualityBudget, evaluator: Callable[[], QualityEvaluator]
+) -> tuple[dict[str, Any], str]:
+    precision = export.options.precision
+    quality, reused = cached_quality(
+        export, reference, budget, lambda: evaluator().evaluate(export.directory, precision, budget)
+    )
+    return candidate_json(quality), FROM_CACHE if reused else MEASURED
