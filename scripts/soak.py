@@ -30,7 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.reliability.live import DEMO_BUNDLE, LiveServer, live_server
 from tests.reliability.streams import Outcome, random_body, stream_once
 
-SERVER_FLAGS = ["--max-batch", "8", "--max-queue", "64", "--max-context", "512", "--max-tokens-limit", "64"]
+# A prefix cache the warm-up fills to its budget: a cache still filling (prompt and generated blocks, bounded
+# by LRU) must not look like a leak in the RSS after warm-up.
+SERVER_FLAGS = [
+    "--max-batch", "8", "--max-queue", "64", "--max-context", "512", "--max-tokens-limit", "64",
+    "--prefix-cache-mb", "16",
+]  # fmt: skip
 RSS_TOLERANCE = 0.05
 IDLE_TIMEOUT = 15.0
 

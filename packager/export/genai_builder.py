@@ -29,13 +29,9 @@ def main() -> None:
     builder.get_hf_details = _adapted_hf_details
     # What the builder's own `if __name__ == "__main__"` block does.
     args = builder.get_args()
+    model = (args.model_name, args.input, args.output, args.precision, args.execution_provider, args.cache_dir)
     extra_options = builder.parse_extra_options(
-        args.model_name,
-        args.input,
-        args.output,
-        args.precision,
-        args.execution_provider,
-        args.cache_dir,
+        *model,
         args.extra_options,
         builder_config_version=args.builder_config_version,
         target_options=args.target_options,
@@ -44,15 +40,7 @@ def main() -> None:
         runtime_config=args.runtime_config,
         search=args.search,
     )
-    builder.create_model(
-        args.model_name,
-        args.input,
-        args.output,
-        args.precision,
-        args.execution_provider,
-        args.cache_dir,
-        **extra_options,
-    )
+    builder.create_model(*model, **extra_options)
 
 
 if __name__ == "__main__":

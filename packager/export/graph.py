@@ -18,6 +18,17 @@ def op_counts(model_path: Path) -> Counter[str]:
     return Counter(node.op_type for node in model.graph.node)
 
 
+def drop_dead_nodes(graph: onnx.GraphProto) -> None:
+    """Remove the nodes none of whose outputs is read, until none is left (after a rewrite bypassed some)."""
+    while True:
+        read = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
+        live = [node for node in graph.node if any(o in read for o in node.output)]
+        if len(live) == len(graph.node):
+            return
+        del graph.node[:]
+        graph.node.extend(live)
+
+
 def check_decoder_graph(model_path: Path, precision: str) -> Counter[str]:
     """Fail the build when the graph lacks the fused ops the runtime's KV-cache design assumes."""
     counts = op_counts(model_path)

@@ -37,6 +37,7 @@ from onnx import NodeProto, TensorProto, helper
 
 from packager.errors import UserError
 from packager.export.external_data import PAGE, external_tensor
+from packager.export.graph import drop_dead_nodes
 from runtime.engine.derived import recipe_name
 from runtime.engine.graphs import PREFILL_MODEL_FILE, QUANTIZED_PREFILL_FILE, ROW_LAST_POSITIONS
 
@@ -163,7 +164,7 @@ def _dequantize_matmuls(model: onnx.ModelProto) -> dict[str, Any] | None:
     kept = [n for n in graph.node if not any(n is r for r in removed)]
     del graph.node[:]
     graph.node.extend(kept)
-    _drop_dead_nodes(graph)
+    drop_dead_nodes(graph)
     return _relocate(graph, derived)
 
 
@@ -186,16 +187,6 @@ def _residual_of(
     if sums is None or sums.op_type != "MatMul" or sums.input[0] != node.input[0]:
         return None
     return add, correction, correction.input[1]
-
-
-def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
-    while True:
-        read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-        live = [n for n in graph.node if any(o in read for o in n.output)]
-        if len(live) == len(graph.node):
-            return
-        del graph.node[:]
-        graph.node.extend(live)
 
 
 def _ref(tensor: TensorProto) -> dict[str, Any]:

@@ -108,6 +108,8 @@ class Engine:
         in_use = [b for b in (build, prefill_build) if b is not None and b is not deferred]
         self._startup = StartupWork(deferred, in_use, config.huge_pages, self._idleness, self._wake)
         self._set_kv_reuse()
+        if self._one_graph:  # the line a deferred prefill graph logs when it takes over: prompts run through it
+            log.info("prefill graph in use (%s, which decodes too)", self.prompt_graph_file)
 
     # Lifecycle.
     def start(self) -> None:

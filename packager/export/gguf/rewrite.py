@@ -22,6 +22,7 @@ from packager.export.external_data import WeightFile
 from packager.export.gguf.blocks import BlockWeight, read_blocks, supported_types
 from packager.export.gguf.operators import FloatWeight, GraphBuilder, Weight
 from packager.export.gguf.rows import FLOAT_TYPES, RowIndex, Run, source_rows
+from packager.export.graph import drop_dead_nodes
 
 _FLOAT_TYPE = {
     GGMLQuantizationType.F32: TensorProto.FLOAT,
@@ -156,7 +157,7 @@ def carry_gguf_weights(
             _report(report, match, node.name, 0)
     del graph.node[:]
     graph.node.extend(rewritten)
-    _drop_dead_nodes(graph)
+    drop_dead_nodes(graph)  # the Transpose a tied embedding no longer needs
     used = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
     rotary = {n.input[i] for n in graph.node if n.op_type == "GroupQueryAttention" for i in (7, 8) if len(n.input) > i}
     for tensor in graph.initializer:
@@ -250,14 +251,3 @@ def _layout_runs(runs: list[Run], weights: _Weights, name: str) -> list[tuple[st
             weight = BlockWeight.concatenate(pieces)  # type: ignore[arg-type]
         parts.append((key, weight))
     return parts
-
-
-def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
-    """Remove nodes none of whose outputs is read (the Transpose a tied embedding no longer needs)."""
-    while True:
-        read = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
-        live = [node for node in graph.node if any(o in read for o in node.output)]
-        if len(live) == len(graph.node):
-            return
-        del graph.node[:]
-        graph.node.extend(live)
