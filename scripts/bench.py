@@ -43,7 +43,7 @@ from packager.errors import UserError
 from packager.processes import precompile_runtime
 from runtime.bundle import open_bundle
 from runtime.engine.config import EngineConfig
-from runtime.engine.graphs import QUANTIZED_PREFILL_FILE, prefill_graph_file
+from runtime.engine.graphs import QUANTIZED_PREFILL_FILE, decodes_with_prefill_graph, prefill_graph_file
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "smollm2"  # the demo: its results are bench/results.md
@@ -149,13 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     model = models.resolve(REPO, args.model, args.bundle)
     bundle = model.bundle
     systems = available(args.systems, notes)
-    if (prompt_graph := prefill_graph_file(open_bundle(bundle, verify=False), EngineConfig())) is not None:
+    opened = open_bundle(bundle, verify=False)
+    if (prompt_graph := prefill_graph_file(opened, EngineConfig())) is not None:
         matmuls = "the model's own quantized matmuls" if prompt_graph == QUANTIZED_PREFILL_FILE else "fp32 matmuls"
+        decodes = prompt_graph if decodes_with_prefill_graph(opened, EngineConfig()) else "model.onnx"
         notes.append(
             f"onnxfn prefills prompts through the bundle's {prompt_graph} ({matmuls} on the same weights, logits of "
-            "each prompt's last position only: the prefill graph it picks on this CPU) and decodes through "
-            "model.onnx; onnxruntime-genai and ort-loop run model.onnx (the builder's graph) for both, so their tokens "
-            "may differ"
+            f"each prompt's last position only: the prefill graph it picks on this CPU) and decodes through "
+            f"{decodes}; onnxruntime-genai and ort-loop run model.onnx (the graph without that gather) for both, so "
+            "their tokens may differ"
         )
     configs = [system_config(model, system, args.threads, max(plan.concurrency_levels)) for system in systems]
     others = []
