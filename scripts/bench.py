@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+if importlib.util.find_spec("aiohttp") is None:  # the client of every server figure; setup.sh does not install it
+    sys.exit("bench: aiohttp is not installed: install the bench's peers first with scripts/setup_bench.sh")
 
 from benchlib import coldstart, embeddings, footprint, machine, models, quality, report, sections
 from benchlib.models import GENAI_EXPORTS, BenchModel, ModelUnavailable
