@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.bundle import Bundle
+from runtime.bundle import Bundle, BundleError
 from runtime.verified import default_record_dir, file_identity
 
 RECIPE_SUFFIX = ".derive.json"
@@ -131,7 +131,7 @@ class DerivedGraphs:
         data = self.directory / recipe["data"]
         partial = data.with_name(data.name + ".partial")
         try:
-            write_data(recipe, bundle.path, partial)
+            write_data(recipe, bundle, partial, recipe_name(name))
             partial.replace(data)
         finally:
             partial.unlink(missing_ok=True)
@@ -149,39 +149,56 @@ class DerivedGraphs:
         tmp.replace(self.directory / RECORD)
 
 
-def write_data(recipe: dict[str, Any], source_dir: Path, out: Path) -> None:
-    """Write the weights file `recipe` describes, reading the source files it names from `source_dir`."""
+def write_data(recipe: dict[str, Any], bundle: Bundle, out: Path, recipe_file: str) -> None:
+    """Write the weights file `recipe` (the bundle's `recipe_file`) describes from the bundle's files.
+
+    The recipe is a bundle file, verified with the others, but it steers reads and writes, so it is held to
+    what a packager writes: it reads only files the manifest lists and ranges inside them, and every tensor
+    it writes lies inside the size it declares. Anything else is refused (`BundleError`) before it is done.
+    """
     sources: dict[str, np.memmap] = {}
+    size = int(recipe["size"])
 
     def read(ref: dict[str, Any] | None) -> np.ndarray | None:
         if ref is None:
             return None
-        dtype = np.dtype(ref["dtype"])
+        dtype, shape = np.dtype(ref["dtype"]), tuple(int(d) for d in ref["shape"])
+        nbytes = int(np.prod(shape)) * dtype.itemsize
         if "inline" in ref:
-            return np.frombuffer(base64.b64decode(ref["inline"]), dtype=dtype).reshape(ref["shape"])
-        file = ref["file"]
-        if file not in sources:
-            sources[file] = np.memmap(source_dir / file, dtype=np.uint8, mode="r")
-        raw = sources[file][ref["offset"] : ref["offset"] + int(np.prod(ref["shape"])) * dtype.itemsize]
-        return np.frombuffer(raw, dtype=dtype).reshape(ref["shape"])
+            raw = base64.b64decode(ref["inline"])
+        else:
+            name, offset = str(ref["file"]), int(ref["offset"])
+            if name not in sources:
+                sources[name] = np.memmap(bundle.file(name), dtype=np.uint8, mode="r")
+            if offset < 0 or offset + nbytes > sources[name].size:
+                raise BundleError(f"{recipe_file} reads past the end of {name}; rebuild the bundle")
+            raw = sources[name][offset : offset + nbytes]
+        if len(raw) != nbytes:
+            raise BundleError(f"{recipe_file} holds a tensor of the wrong size; rebuild the bundle")
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+    def write(f: Any, offset: int, data: np.ndarray) -> None:
+        if offset < 0 or offset + data.nbytes > size:
+            raise BundleError(f"{recipe_file} writes past the size it declares; rebuild the bundle")
+        f.seek(offset)
+        f.write(data.tobytes())
 
     with out.open("wb") as f:
         for tensor in recipe["tensors"]:
-            f.seek(tensor["offset"])
             if "copy" in tensor:
-                f.write(read(tensor["copy"]).tobytes())  # type: ignore[union-attr]
+                write(f, int(tensor["offset"]), read(tensor["copy"]))  # type: ignore[arg-type]
                 continue
             spec = tensor["dequantize"]
             residual_t = read(spec.get("residual_t"))  # stored as the graph multiplies by it: [blocks, N]
             weight = dequantize_nbits(
                 read(spec["blocks"]),  # type: ignore[arg-type]
                 read(spec["scales"]),  # type: ignore[arg-type]
-                spec["bits"],
-                spec["K"],
+                int(spec["bits"]),
+                int(spec["K"]),
                 read(spec.get("zero_points")),
                 None if residual_t is None else residual_t.T,
             )
-            f.write(weight.tobytes())
-        f.truncate(recipe["size"])
+            write(f, int(tensor["offset"]), weight)
+        f.truncate(size)
         f.flush()
         os.fsync(f.fileno())

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from packager.export.prefill import PREFILL_DATA_FILE
-from runtime.bundle import Bundle, Manifest
+from runtime.bundle import Bundle, BundleError, Manifest
 from runtime.engine.derived import RECORD, DerivedGraphs
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.graphs import PREFILL_MODEL_FILE
@@ -74,3 +74,32 @@ def test_an_engine_whose_derived_weights_cannot_be_written_serves_prompts_throug
         assert len(engine.generate(request)[0].token_ids) == 4
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("tamper", "refusal"),
+    [
+        (lambda r: r["tensors"][0]["copy"].update(file="../../../../etc/passwd"), "is not part of the bundle"),
+        (lambda r: r["tensors"][0]["copy"].update(offset=1 << 40), "reads past the end of model.onnx.data"),
+        (lambda r: r["tensors"][-1].update(offset=r["size"]), "writes past the size it declares"),
+    ],
+    ids=["outside the bundle", "past a file's end", "past the declared size"],
+)
+def test_a_recipe_that_reads_or_writes_outside_its_bounds_is_refused(
+    bundle: Bundle, tmp_path: Path, tamper: object, refusal: str
+) -> None:
+    """The recipe steers reads and writes: a tampered one (a pushed bundle whose manifest was rewritten too) must
+    not read other files or write more than it declares."""
+    recipe_file = PREFILL_MODEL_FILE + ".derive.json"
+    copy = tmp_path / "bundle"
+    copy.mkdir()
+    for entry in bundle.path.iterdir():
+        if entry.name != recipe_file:
+            (copy / entry.name).symlink_to(entry)
+    recipe = json.loads(bundle.file(recipe_file).read_text())
+    tamper(recipe)  # type: ignore[operator]
+    (copy / recipe_file).write_text(json.dumps(recipe))
+    derived = DerivedGraphs(tmp_path / "derived")
+    with pytest.raises(BundleError, match=refusal):
+        derived.graph(Bundle(copy, bundle.manifest), PREFILL_MODEL_FILE)
+    assert derived.problem(bundle, PREFILL_MODEL_FILE) == "none was written yet"
