@@ -23,6 +23,7 @@ from typing import Literal
 from packager.cache import cached_dir
 from packager.errors import UserError
 from packager.sources.pypi import glob_escape
+from runtime.bundle import file_digest
 
 GGUF_MAGIC = b"GGUF"
 SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<number>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -54,10 +55,6 @@ class GgufFiles:
         if self.kind == "split":
             return SPLIT_NAME.match(first).group("stem") + ".gguf"  # type: ignore[union-attr]
         return first
-
-
-def file_sha256(path: Path) -> str:
-    return files_sha256((path,))
 
 
 def check_gguf_magic(path: Path, source: str) -> None:
@@ -136,7 +133,7 @@ def _listed_checksum(name: str, folders: list[Path]) -> str | None:
 def assemble(files: GgufFiles, source: str) -> tuple[Path, str]:
     """One GGUF file holding the model, and its sha256 (the key of everything built from it)."""
     if files.kind == "file":
-        return files.paths[0], file_sha256(files.paths[0])
+        return files.paths[0], file_digest(files.paths[0]).sha256
     content = files_sha256(files.paths)  # of the parts' bytes in order: for parts, the joined file's sha256
     if files.kind == "parts" and files.checksum is not None and content != files.checksum:
         raise UserError(
@@ -151,7 +148,7 @@ def assemble(files: GgufFiles, source: str) -> tuple[Path, str]:
             _join(files.paths, target)
         else:
             _merge_shards(files.paths, target)
-        (out / "sha256").write_text(file_sha256(target) + "\n")
+        (out / "sha256").write_text(file_digest(target).sha256 + "\n")
 
     directory, _ = cached_dir("gguf", f"{files.kind}-{content}-v{ASSEMBLE_VERSION}", produce)
     return directory / files.name, (directory / "sha256").read_text().strip()

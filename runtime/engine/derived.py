@@ -63,24 +63,24 @@ def dequantize_nbits(
     4-bit values and zero points are packed low nibble first; without zero points the zero point is
     2^(bits-1). `residual` (`[N, blocks]`) is the per-block term a GGUF type with a minimum adds.
     """
-    n, blocks, block_bytes = packed.shape
-    if bits == 8:
-        values = packed.astype(np.float32)
-    else:
-        values = np.empty((n, blocks, block_bytes * 2), dtype=np.float32)
-        values[..., 0::2] = packed & 0x0F
-        values[..., 1::2] = packed >> 4
+    n, blocks, _ = packed.shape
+    values = (packed if bits == 8 else _nibbles(packed)).astype(np.float32)
     if zero_points is None:
         values -= float(1 << (bits - 1))
     else:
         zero = zero_points.reshape(n, -1)
         if bits == 4:
-            zero = np.stack([zero & 0x0F, zero >> 4], axis=-1).reshape(n, -1)
+            zero = _nibbles(zero)
         values -= zero[:, :blocks, None].astype(np.float32)
     values *= scales.reshape(n, blocks)[:, :, None]
     if residual is not None:
         values += residual.reshape(n, blocks)[:, :, None]
     return np.ascontiguousarray(values.reshape(n, -1)[:, :k].T)
+
+
+def _nibbles(packed: np.ndarray) -> np.ndarray:
+    """Two 4-bit values from each byte of the last axis, low nibble first: `[..., 2 * bytes]` uint8."""
+    return np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
 
 
 @dataclass(frozen=True)

@@ -34,24 +34,25 @@ class FloatWeight:
 Weight = BlockWeight | FloatWeight
 
 
+def _nibbles(values: np.ndarray) -> np.ndarray:
+    """4-bit values two to a byte along the last axis, low nibble first (an odd count padded with a zero)."""
+    if values.shape[-1] % 2:
+        values = np.concatenate([values, np.zeros((*values.shape[:-1], 1), np.uint8)], axis=-1)
+    return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
+
+
 def pack(weight: BlockWeight) -> np.ndarray:
     """MatMulNBits' B: `[rows, blocks, block_size * bits / 8]` uint8, 4-bit values low nibble first."""
     rows, k = weight.values.shape
     values = weight.values.reshape(rows, k // weight.block_size, weight.block_size)
-    if weight.bits == 8:
-        return values
-    return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
+    return values if weight.bits == 8 else _nibbles(values)
 
 
 def pack_zero_points(weight: BlockWeight) -> np.ndarray:
     """Zero points `[rows, blocks]`; 4-bit ones two to a byte, low nibble first, each row padded to whole bytes."""
     zero = weight.zero_points
     assert zero is not None
-    if weight.bits == 8:
-        return zero
-    if zero.shape[1] % 2:
-        zero = np.concatenate([zero, np.zeros((zero.shape[0], 1), np.uint8)], axis=1)
-    return (zero[:, 0::2] | (zero[:, 1::2] << 4)).astype(np.uint8)
+    return zero if weight.bits == 8 else _nibbles(zero)
 
 
 @dataclass
