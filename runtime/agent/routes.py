@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from runtime.agent.install import Installer, InstallRefused
 from runtime.agent.layout import CURRENT, PREVIOUS
-from runtime.agent.uploads import ContentRange, UploadError
+from runtime.agent.uploads import ContentRange, UploadError, checked_id
 from runtime.server.auth import BearerAuth
 from runtime.server.errors import APIError
 
@@ -62,7 +62,7 @@ def agent_routes(installer: Installer, auth: BearerAuth, drain_timeout: float) -
         return Response(headers={"Upload-Offset": str(state.offset), "Upload-Length": str(state.size)})
 
     async def put_chunk(request: Request) -> Response:
-        upload_id = request.path_params["upload_id"]
+        upload_id = checked_id(request.path_params["upload_id"])  # before it becomes a key of `locks`
         content_range = ContentRange.parse(request.headers.get("content-range"))
         lock = locks.setdefault(upload_id, asyncio.Lock())
         try:

@@ -16,8 +16,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-UPLOAD_ID = re.compile(r"^[0-9a-f]{64}$")
-_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
+# Matched with fullmatch: `$` would admit a final newline, and the id names files in uploads/.
+UPLOAD_ID = re.compile(r"[0-9a-f]{64}")
+# At most 19 ASCII digits each (10**19 bytes is beyond any archive), so int() never meets a number too
+# long for it (a ValueError past 4,300 digits) and `\d` never admits another script's digits.
+_CONTENT_RANGE = re.compile(r"bytes ([0-9]{1,19})-([0-9]{1,19})/([0-9]{1,19})")
 _HASH_CHUNK = 1 << 20
 
 
@@ -43,10 +46,12 @@ class ContentRange:
 
     @classmethod
     def parse(cls, header: str | None) -> ContentRange:
-        match = _CONTENT_RANGE.match((header or "").strip())
+        match = _CONTENT_RANGE.fullmatch((header or "").strip())
         if match is None:
             raise UploadError(
-                400, f"Content-Range {header!r} is not 'bytes START-END/TOTAL'", code="invalid_content_range"
+                400,
+                f"Content-Range {_shown(header)!r} is not 'bytes START-END/TOTAL' (numbers of at most 19 digits)",
+                code="invalid_content_range",
             )
         start, end, total = map(int, match.groups())
         if not start <= end < total:
@@ -71,10 +76,10 @@ class UploadStore:
         self.max_bytes = max_bytes
 
     def part(self, upload_id: str) -> Path:
-        return self.folder / f"{_checked(upload_id)}.part"
+        return self.folder / f"{checked_id(upload_id)}.part"
 
     def state(self, upload_id: str) -> UploadState | None:
-        meta = self.folder / f"{_checked(upload_id)}.json"
+        meta = self.folder / f"{checked_id(upload_id)}.json"
         try:
             size = int(json.loads(meta.read_text())["size"])
         except (OSError, ValueError, KeyError, TypeError):
@@ -115,7 +120,7 @@ class UploadStore:
 
     def discard(self, upload_id: str) -> None:
         for suffix in (".json", ".part"):
-            (self.folder / f"{_checked(upload_id)}{suffix}").unlink(missing_ok=True)
+            (self.folder / f"{checked_id(upload_id)}{suffix}").unlink(missing_ok=True)
 
     def _create(self, upload_id: str, size: int) -> UploadState:
         if size > self.max_bytes:
@@ -137,9 +142,14 @@ class UploadStore:
         return UploadState(upload_id, 0, size)
 
 
-def _checked(upload_id: str) -> str:
-    if not UPLOAD_ID.match(upload_id):
-        raise UploadError(
-            400, f"upload id {upload_id!r} must be the archive's sha256 (64 lowercase hex digits)", code="invalid_id"
-        )
+def checked_id(upload_id: str) -> str:
+    """`upload_id` itself, when it is a sha256 in lowercase hex; else a 400."""
+    if UPLOAD_ID.fullmatch(upload_id) is None:
+        message = f"upload id {_shown(upload_id)!r} must be the archive's sha256 (64 lowercase hex digits)"
+        raise UploadError(400, message, code="invalid_id")
     return upload_id
+
+
+def _shown(text: str | None) -> str | None:
+    """`text` cut short for an error message: a hostile header must not come back 5,000 characters long."""
+    return text if text is None or len(text) <= 100 else text[:100] + "..."
