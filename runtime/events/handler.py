@@ -27,6 +27,7 @@ from runtime.server.classify import classification_body
 from runtime.server.completions import collect_completion, submit_completion
 from runtime.server.embeddings import embedding_body
 from runtime.server.errors import APIError
+from runtime.server.grammar_compile import resolve_grammar
 from runtime.server.protocol import parse_chat, parse_completion, unsupported
 from runtime.server.state import ServerState
 
@@ -89,7 +90,8 @@ class QueueHandler:
         if stored.ok:
             return Handled(Outcome.DONE, reply.request_id)
         error = stored.body.get("error", {})
-        return await self._reject(message, APIError(stored.status, str(error.get("message"))), reply.request_id, None)
+        rejection = APIError(stored.status, str(error.get("message")), param=error.get("param"), code=error.get("code"))
+        return await self._reject(message, rejection, reply.request_id, None)
 
     async def _reject(
         self, message: QueueMessage, error: APIError, request_id: str | None, reply: Reply | None
@@ -121,6 +123,7 @@ async def generate(state: ServerState, envelope: Envelope) -> Result:
             chat = parse_chat(envelope.body, state.policy)
             _refuse_stream(chat.stream)
             chat = dataclasses.replace(chat, sampling=seeded(chat.sampling, envelope.request_id))
+            chat = await resolve_grammar(state, chat)  # an unusable grammar is a stored 400, never a retry
             generation, meta = submit_chat(state, chat)
             body = await collect_chat(generation, meta, chat)
         else:

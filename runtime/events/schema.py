@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import msgpack
 
-from runtime.server.encoding import JSON_TYPE, MSGPACK_TYPE, decode_body, dump_json, is_msgpack
+from runtime.server.encoding import JSON_TYPE, MSGPACK_TYPE, check_text, decode_body, dump_json, is_msgpack
 from runtime.server.errors import APIError
 from runtime.server.fields import show
 
@@ -164,7 +164,9 @@ def message_body(obj: Any, *, as_msgpack: bool) -> tuple[str, dict[str, Any]]:
 def read_message_body(body: str, content_type: str | None) -> Any:
     """The object an SQS message body holds; a malformed one is an `APIError` 400 naming the format."""
     if not is_msgpack(content_type):
-        return decode_body(body.encode(), JSON_TYPE)
+        # A lone surrogate in the str SQS handed us: invalid UTF-8, so a 400, not a UnicodeEncodeError. Escaped
+        # ones are checked field by field in `decode_envelope`, so the rejection can still reach `reply_to`.
+        return decode_body(body.encode(errors="surrogatepass"), JSON_TYPE, text=False)
     try:
         raw = base64.b64decode(body, validate=True)
     except (binascii.Error, ValueError) as exc:
@@ -193,6 +195,7 @@ def decode_envelope(message: QueueMessage, model_name: str) -> Envelope:
             _invalid("request_id", f"'request_id' must be 1-128 of [A-Za-z0-9._:-], got {show(request_id)}")
         )
     try:
+        check_text(data.get("reply_to"))
         reply_to = parse_reply_to(data.get("reply_to"))
     except APIError as err:
         raise MalformedMessage(err, request_id=request_id) from err
@@ -204,6 +207,10 @@ def decode_envelope(message: QueueMessage, model_name: str) -> Envelope:
     if not isinstance(body, dict):
         error = _invalid("body", f"'body' must be an OpenAI {kind} request object, got {show(body)}")
         raise MalformedMessage(error, request_id=request_id, reply=reply)
+    try:
+        check_text(body)  # the same 400, naming the same field, as the HTTP endpoint's
+    except APIError as err:
+        raise MalformedMessage(err, request_id=request_id, reply=reply) from err
     body.setdefault("model", model_name)
     return Envelope(request_id, kind, body, reply_to, msgpack=reply.msgpack)
 

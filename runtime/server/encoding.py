@@ -39,10 +39,19 @@ def is_msgpack(media_type: str | None) -> bool:
     return media_type is not None and any(alias in media_type.lower() for alias in _MSGPACK_ALIASES)
 
 
-def decode_body(raw: bytes, content_type: str | None) -> Any:
-    """Parse a request body; a malformed one is a 400 that says which format was expected and what is wrong."""
-    body = _decode_msgpack(raw) if is_msgpack(content_type) else _decode_json(raw)
+def decode_body(raw: bytes, content_type: str | None, *, text: bool = True) -> Any:
+    """Parse a request body; a malformed one is a 400 that says which format was expected and what is wrong.
+
+    `text=False` leaves `check_text` to the caller (a queue envelope checks its parts one by one).
+    """
+    if is_msgpack(content_type):
+        body = _decode_msgpack(raw)  # its strings are strict UTF-8 already
+        _check_depth(body)
+        return body
+    body = _decode_json(raw)
     _check_depth(body)
+    if text:
+        check_text(body)
     return body
 
 
@@ -101,6 +110,49 @@ def _check_depth(body: Any) -> None:
     raise _too_deep("the request body")
 
 
+def check_text(body: Any) -> None:
+    """Refuse strings that are not Unicode text. JSON's `\\ud800` escapes decode to lone UTF-16 surrogates, which
+    no tokenizer, log line or UTF-8 response can carry; found here, they are a 400 naming where they are."""
+    stack = [body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict | list):
+            stack.extend(_children(node))
+        elif isinstance(node, str) and not node.isascii():
+            try:
+                node.encode()
+            except UnicodeEncodeError as exc:
+                bad = node[exc.start : exc.end].encode("unicode_escape").decode()
+                param, where = _path_to(body, node) or (None, "the request body")
+                raise APIError(
+                    400,
+                    f"{where} holds a lone UTF-16 surrogate ({bad}), which is not Unicode text: send valid UTF-8 "
+                    "(in JSON, a \\uD8xx escape must be followed by a \\uDCxx one)",
+                    param=param,
+                    code="invalid_unicode",
+                ) from None
+
+
+def _path_to(node: Any, target: str, path: str = "") -> tuple[str | None, str] | None:
+    """Where `target` (this very object) sits in `node`: the param (`messages[0].content`) and its description."""
+    if node is target:
+        return path or None, path or "the request body"
+    if isinstance(node, list):
+        for index, child in enumerate(node):
+            found = _path_to(child, target, f"{path}[{index}]")
+            if found is not None:
+                return found
+    elif isinstance(node, dict):
+        for key, child in node.items():
+            name = ascii(key)[1:-1] if isinstance(key, str) else str(key)
+            if key is target:
+                return path or None, f"the key '{name}' of {path or 'the request body'}"
+            found = _path_to(child, target, f"{path}.{name}" if path else name)
+            if found is not None:
+                return found
+    return None
+
+
 def _children(node: dict[Any, Any] | list[Any]) -> list[Any]:
     return [*node.keys(), *node.values()] if isinstance(node, dict) else node
 
@@ -110,7 +162,8 @@ def _too_deep(what: str) -> APIError:
 
 
 def dump_json(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    # A lone surrogate that reached a response anyway is written as its JSON escape, not a UnicodeEncodeError.
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode(errors="backslashreplace")
 
 
 @dataclass(frozen=True)

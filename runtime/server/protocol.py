@@ -9,6 +9,8 @@ Field policy (the same for both endpoints):
 - Structured output (docs/structured-output.md): `response_format` `json_object` / `json_schema`, plus the
   extension types `regex` and `grammar` (Lark or GBNF), and vLLM's `guided_json`, `guided_regex`,
   `guided_grammar`, `guided_choice`; `tools` / `tool_choice` / `parallel_tool_calls` (runtime/server/tools.py).
+  Here they are only sized (`RequestPolicy.max_grammar_bytes`, `max_tools`, `max_tool_schema_bytes`); the
+  grammar is built and compiled off the event loop before the request is queued (server/grammar_compile.py).
 - vLLM-style extensions are accepted (the openai client sends them through `extra_body`): `top_k`, `min_p`,
   `repetition_penalty`, `ignore_eos`, `stop_token_ids`.
 - Unset sampling fields take the function's defaults (`temperature`, `top_p`, `max_tokens`), not OpenAI's.
@@ -293,7 +295,7 @@ def _logit_bias(value: Any, vocab_size: int) -> dict[int, float]:
         )
     bias: dict[int, float] = {}
     for key, amount in value.items():
-        token = int(key) if isinstance(key, int) or (isinstance(key, str) and key.isdigit()) else -1
+        token = key if isinstance(key, int) and not isinstance(key, bool) else _token_id(key)
         if not 0 <= token < vocab_size:
             raise invalid_param("logit_bias", f"logit_bias key {show(key)} is not a token id in [0, {vocab_size})")
         number_ok = isinstance(amount, int | float) and not isinstance(amount, bool)
@@ -301,6 +303,14 @@ def _logit_bias(value: Any, vocab_size: int) -> dict[int, float]:
             raise invalid_param("logit_bias", f"logit_bias[{key}] = {show(amount)}: expected a number in [-100, 100]")
         bias[token] = float(amount)
     return bias
+
+
+def _token_id(key: Any) -> int:
+    """A JSON key as a token id, -1 unless it is 1-9 ASCII digits ("²".isdigit() is true; int() refuses
+    strings of over 4,300 digits)."""
+    if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 9:
+        return int(key)
+    return -1
 
 
 def _stop(value: Any, max_stop: int) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ import pytest
 from runtime.server.encoding import MAX_DEPTH, decode_body
 from runtime.server.errors import APIError
 from tests.reliability.conftest import MAX_BATCH, MAX_BODY_BYTES, MAX_CONTEXT, MAX_TOKENS_LIMIT, assert_serves
+from tests.reliability.hostile_corpus import CASES, VALID_PAIR, HostileCase
 from tests.reliability.live import LiveServer
 
 pytestmark = pytest.mark.real_model
@@ -176,3 +177,18 @@ def test_extreme_penalties_never_fail_the_batch(http: httpx.Client, live: LiveSe
     body = chat(live, repetition_penalty=1e-300, top_p=0.5, temperature=1.0, max_tokens=2)
     response = http.post("/v1/chat/completions", json=body)
     assert response.status_code in (200, 400), response.text
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_hostile_corpus_gets_its_400(http: httpx.Client, live: LiveServer, case: HostileCase) -> None:
+    # Before issue 37: lone surrogates and odd logit_bias keys were 500s (the tokenizer, int(), the error's own
+    # encoding); the 400 of an unknown key "\ud800" itself failed to encode.
+    path = "/v1/chat/completions" if case.kind == "chat" else "/v1/completions"
+    response = http.post(path, content=case.raw(live.model), headers={"Content-Type": "application/json"})
+    refused(response, 400, case.code, case.message, param=case.param)
+
+
+def test_a_valid_surrogate_pair_is_text(http: httpx.Client, live: LiveServer) -> None:
+    raw = VALID_PAIR.raw(live.model)
+    response = http.post("/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"})
+    assert response.status_code == 200, response.text
