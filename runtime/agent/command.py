@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.server.serve import add_model_arguments, bind
+from runtime.server.serve import add_connection_arguments, add_model_arguments, bind, uvicorn_config
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -44,6 +44,7 @@ def register(subparsers: Any) -> None:
     serving.add_argument("--smoke-timeout", type=float, default=120.0, help="seconds the smoke generation may take")
     serving.add_argument("--drain-timeout", type=float, default=30.0, help="seconds a replaced bundle may finish in")
     add_model_arguments(parser)
+    add_connection_arguments(parser)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.set_defaults(run=run)
 
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     app = build_app(args, token, api_key)
-    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on", **tls)
+    config = uvicorn_config(app, args, **tls)
     scheme = "https" if tls else "http"
     log.info(
         "agent listening on %s://%s:%d, bundles in %s", scheme, args.host, listener.getsockname()[1], args.bundle_root

@@ -7,6 +7,7 @@ A separate process, not a thread, so its RSS is its own and its log can be grepp
 from __future__ import annotations
 
 import os
+import resource
 import secrets
 import signal
 import socket
@@ -44,6 +45,9 @@ class LiveServer:
                     return int(line.split()[1]) * 1024
         raise RuntimeError(f"no VmRSS for pid {self.process.pid}")
 
+    def open_fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.process.pid}/fd"))
+
     def running_and_queued(self) -> tuple[float, float]:
         """`onnxfn_running_requests` and `onnxfn_queue_depth` from `/metrics`."""
         values = {}
@@ -60,14 +64,22 @@ def free_port() -> int:
 
 
 @contextmanager
-def live_server(bundle: Path, log: Path, flags: Sequence[str] = (), *, key: str | None = None) -> Iterator[LiveServer]:
-    """Serve `bundle` with `flags` and a bearer key (random unless given) until the block ends."""
+def live_server(
+    bundle: Path, log: Path, flags: Sequence[str] = (), *, key: str | None = None, max_fds: int | None = None
+) -> Iterator[LiveServer]:
+    """Serve `bundle` with `flags` and a bearer key (random unless given) until the block ends.
+
+    `max_fds` sets the server's descriptor limit (soft and hard), so an attack can reach it cheaply.
+    """
     key = key or "sk-onnxfn-" + secrets.token_hex(16)
     port = free_port()
     command = [sys.executable, "-m", "runtime", "serve", str(bundle), "--port", str(port), "--api-key-env", KEY_ENV]
     env = {**os.environ, KEY_ENV: key, "PYTHONUNBUFFERED": "1"}
     with log.open("wb") as out:
-        process = subprocess.Popen([*command, *flags], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        limit = None if max_fds is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (max_fds, max_fds))
+        process = subprocess.Popen(
+            [*command, *flags], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, preexec_fn=limit
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         model = _wait_ready(url, key, process, log)

@@ -1,0 +1,242 @@
+"""Connection hygiene for the HTTP servers: limits that hold before a request reaches the app.
+
+uvicorn closes an idle keep-alive connection, but nothing else: a socket that connects and sends nothing, a
+header line that never ends, or a body trickling a byte a minute holds its file descriptor (and, for the
+header, its memory) forever, and enough of them exhaust the process's descriptors. `GuardedHttpProtocol`
+wraps uvicorn's httptools protocol with the limits nginx and Apache's mod_reqtimeout apply:
+
+- a request head (request line + headers) must arrive within `head_timeout` seconds of its first byte, or
+  of the connection's start, and hold at most `max_header_bytes` (431 beyond, counted before parsing, so a
+  never-ending header costs at most that much memory);
+- a body must keep coming: its deadline starts at `body_timeout` and grows by one second per
+  `body_min_rate` bytes received (mod_reqtimeout's `MinRate`), and never runs while the app itself has
+  paused reading; a late body gets 408;
+- at most `max_connections` are open, below the descriptor limit. At the cap a new connection closes the
+  longest-idle one (no request in flight, idle for at least `EVICT_MIN_IDLE`), as nginx reuses its idle
+  connections; when every connection is busy the newcomer gets an immediate 503.
+
+Errors written here are OpenAI-shaped JSON like the app's, with `Connection: close`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import resource
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger("runtime.server.connections")
+
+EVICT_MIN_IDLE = 0.25  # seconds: a client that just connected sends its request at once; older silence is idle
+RESERVED_FDS = 128  # descriptors kept for the process itself: model files, logs, the event loop, pipes
+MAX_BACKLOG = 2048  # uvicorn's default listen backlog, which is also how many sockets one accept round takes
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_connections: int = 4096
+    max_header_bytes: int = 64 << 10
+    head_timeout: float = 10.0
+    body_timeout: float = 30.0
+    body_min_rate: int = 500  # bytes per second that extend a body's deadline by one second
+    keep_alive_timeout: int = 5
+    backlog: int = MAX_BACKLOG
+
+    @classmethod
+    def for_process(cls, max_connections: int, **settings: Any) -> ConnectionLimits:
+        """Limits whose connection cap and listen backlog fit this process's descriptor limit.
+
+        The soft limit is raised to the hard one first (as Go's runtime does): the soft default of 1024 is a
+        relic of select(2), which asyncio does not use. Sockets accepted in one round are open before any of
+        them can be closed, so the backlog is part of the budget.
+        """
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+            except (ValueError, OSError):
+                pass  # keep the soft limit we have
+        available = max(soft - RESERVED_FDS, 16)
+        backlog = max(min(MAX_BACKLOG, available // 4), 8)
+        cap = max(min(max_connections, available - backlog), 8)
+        if cap < max_connections:
+            log.info("at most %d connections: the descriptor limit is %d (ulimit -n)", cap, soft)
+        return cls(max_connections=cap, backlog=backlog, **settings)
+
+
+class _Phase(enum.Enum):
+    IDLE = "idle"  # no request in progress: new, or kept alive after a response
+    HEAD = "head"  # a request head is arriving
+    BODY = "body"  # the head is parsed; its body is arriving
+    BUSY = "busy"  # the request is complete; the app is answering
+
+
+class ConnectionRegistry:
+    """Idle connections of one server, oldest first: the ones a newcomer may close when the cap is reached."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self._idle: OrderedDict[GuardedHttpProtocol, float] = OrderedDict()
+        self.evicted = 0
+        self.refused = 0
+
+    def idle(self, connection: GuardedHttpProtocol) -> None:
+        self._idle[connection] = time.monotonic()
+        self._idle.move_to_end(connection)
+
+    def active(self, connection: GuardedHttpProtocol) -> None:
+        self._idle.pop(connection, None)
+
+    def make_room(self) -> bool:
+        """Close the longest-idle connection; False when none has been idle for `EVICT_MIN_IDLE`."""
+        for connection, since in self._idle.items():
+            if time.monotonic() - since < EVICT_MIN_IDLE:
+                return False
+            self._idle.pop(connection)
+            connection.transport.abort()  # nothing is in flight on an idle connection; frees its fd now
+            self.evicted += 1
+            return True
+        return False
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[GuardedHttpProtocol]:
+    """The protocol class to give `uvicorn.Config(http=...)`: one registry per server."""
+    registry = ConnectionRegistry(limits)
+    return type("ServerHttpProtocol", (GuardedHttpProtocol,), {"registry": registry})
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    registry: ConnectionRegistry
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._phase = _Phase.IDLE
+        self._head_bytes = 0
+        self._body_bytes = 0
+        self._body_started = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        limits = self.registry.limits
+        if len(self.connections) > limits.max_connections and not self.registry.make_room():
+            self.registry.refused += 1
+            self._refuse(503, f"the server holds its limit of {limits.max_connections} connections; retry shortly",
+                         "too_many_connections", error_type="service_unavailable")  # fmt: skip
+            return
+        self.registry.idle(self)
+        self._arm(limits.head_timeout, self._head_timed_out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.registry.active(self)
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        # Head bytes are counted before httptools buffers them: it keeps an unfinished header in memory.
+        limit = self.registry.limits.max_header_bytes
+        while data and self._phase in (_Phase.IDLE, _Phase.HEAD) and not self.transport.is_closing():
+            room = limit - self._head_bytes
+            if room <= 0:
+                self._refuse(431, f"the request head is over {limit} bytes; send shorter headers",
+                             "request_header_fields_too_large")  # fmt: skip
+                return
+            piece, data = data[:room], data[room:]
+            self._head_bytes += len(piece)
+            super().data_received(piece)
+        if data and not self.transport.is_closing():
+            if self._phase is _Phase.BODY:
+                self._body_bytes += len(data)
+            super().data_received(data)
+
+    # httptools callbacks: they move the connection through its phases.
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._phase = _Phase.HEAD
+        self.registry.active(self)
+        if self._timer is None:  # a kept-alive connection: the head's clock starts at its first byte
+            self._arm(self.registry.limits.head_timeout, self._head_timed_out)
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        self._head_bytes = 0
+        self._phase = _Phase.BODY
+        self._body_bytes = 0
+        self._body_started = self.loop.time()
+        self._arm(self.registry.limits.body_timeout, self._body_check)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        self._phase = _Phase.BUSY
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self._phase is _Phase.BUSY:
+            self._phase = _Phase.IDLE
+            self.registry.idle(self)
+
+    # Timers.
+    def _arm(self, delay: float, callback: Any) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(delay, callback)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _head_timed_out(self) -> None:
+        self._timer = None
+        if self._phase is _Phase.IDLE and self._head_bytes == 0:
+            self.transport.close()  # never said anything: nothing to answer
+        elif self._phase in (_Phase.IDLE, _Phase.HEAD):
+            timeout = self.registry.limits.head_timeout
+            self._refuse(408, f"the request head did not arrive within {timeout:g} s", "request_timeout")
+
+    def _body_check(self) -> None:
+        self._timer = None
+        if self._phase is not _Phase.BODY or self.transport.is_closing():
+            return
+        limits = self.registry.limits
+        deadline = self._body_started + limits.body_timeout + self._body_bytes / limits.body_min_rate
+        now = self.loop.time()
+        if self.flow.read_paused:  # the app is behind, not the client: wait for it
+            self._body_started += 1.0
+            self._arm(1.0, self._body_check)
+        elif now < deadline:
+            self._arm(deadline - now, self._body_check)
+        else:
+            took = now - self._body_started
+            message = (f"the request body came too slowly: {self._body_bytes} bytes in {took:.0f} s "
+                       f"(at least {limits.body_min_rate} bytes/s after {limits.body_timeout:g} s)")  # fmt: skip
+            if self.cycle is not None and not self.cycle.response_started:
+                self.cycle.disconnected = True  # the app's next receive() sees a disconnect
+                self.cycle.message_event.set()
+                self._refuse(408, message, "request_timeout")
+            else:
+                self.transport.close()
+
+    def _refuse(self, status: int, message: str, code: str, *, error_type: str = "invalid_request_error") -> None:
+        """Answer with an OpenAI-shaped error outside the app, then close: the request cannot be read further."""
+        self._disarm()
+        self.registry.active(self)
+        body = json.dumps({"error": {"message": message, "type": error_type, "param": None, "code": code}}).encode()
+        head = (
+            f"HTTP/1.1 {status} {_REASONS[status]}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n"
+        )
+        retry = "retry-after: 1\r\n" if status == 503 else ""
+        log.warning("connection answered %s and closed: %s", status, code)
+        self.transport.write((head + retry + "\r\n").encode() + body)
+        self.transport.close()
+
+
+_REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}
