@@ -23,6 +23,7 @@ from pathlib import Path
 
 FILE_MODE = 0o644  # the umask may narrow these; nothing can widen them or add setuid bits
 FOLDER_MODE = 0o755
+SPACE_MARGIN = 64 << 20  # bytes left free after unpacking: logs and history must still be writable
 NAME_MAX = 255  # bytes in one path component, on every filesystem a device is likely to use
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -44,8 +45,13 @@ def unpack(archive: Path, target: Path) -> int:
         # Plain or gzipped, as documented: bz2 would add a decompressor whose errors are bare OSErrors,
         # which could not be told apart from a full disk.
         with tarfile.open(archive, "r:gz" if gzipped else "r:") as tar:
-            plan = check_members(tar.getmembers())
+            try:
+                members = tar.getmembers()
+            except OSError as exc:  # a declared size that seeks past what the filesystem allows: EINVAL
+                raise UnsafeArchiveError(f"the archive cannot be read: {exc}") from exc
+            plan = check_members(members)
             target.mkdir(parents=True, exist_ok=True)
+            _check_space(sum(member.size for member, _ in plan if member.isfile()), target)
             root = os.open(target, _FOLDER_FLAGS)
             try:
                 return sum(_write(tar, member, parts, root) for member, parts in plan)
@@ -85,6 +91,17 @@ def check_members(members: list[tarfile.TarInfo]) -> list[tuple[tarfile.TarInfo,
     return plan
 
 
+def _check_space(needed: int, target: Path) -> None:
+    """Refuse an archive that unpacks to more than the device holds (a gzip bomb, say) before writing a byte:
+    the upload's own check counted only the archive's size."""
+    free = shutil.disk_usage(target).free - SPACE_MARGIN
+    if needed > free:
+        raise UnsafeArchiveError(
+            f"the archive unpacks to {needed} bytes, but the device has {max(free, 0)} free (after a "
+            f"{SPACE_MARGIN >> 20} MiB margin): free space or push a smaller bundle"
+        )
+
+
 def _check_kind(member: tarfile.TarInfo) -> None:
     name = member.name
     if member.issym() or member.islnk():
@@ -94,6 +111,8 @@ def _check_kind(member: tarfile.TarInfo) -> None:
         raise _refused(name, "is a device file or FIFO")
     if not (member.isfile() or member.isdir()):
         raise _refused(name, "is neither a file nor a folder")
+    if member.issparse():  # its declared size is not what it writes: the space check below would not hold
+        raise _refused(name, "is a sparse file")
 
 
 def _parts(name: str) -> Parts:

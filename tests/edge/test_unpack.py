@@ -125,3 +125,30 @@ def test_unreadable_archives_are_refused(tmp_path: Path, data: bytes) -> None:
     archive.write_bytes(data)
     with pytest.raises(UnsafeArchiveError, match="not a readable tar file"):
         unpack(archive, tmp_path / "out")
+
+
+def test_an_archive_larger_than_the_free_space_is_refused_before_writing(tmp_path: Path) -> None:
+    # A bomb's headers declare what it unpacks to: here 10 TB of zeros (the archive file is sparse here; a
+    # gzipped one would be ~10 GB on the wire, as well within --max-upload-mb).
+    member = tarfile.TarInfo("model.onnx.data")
+    member.size = 10**13
+    archive = tmp_path / "bomb.tar"
+    archive.write_bytes(member.tobuf(format=tarfile.PAX_FORMAT))
+    os.truncate(archive, archive.stat().st_size + member.size + 1024)
+    target = tmp_path / "staging"
+    with pytest.raises(UnsafeArchiveError, match=r"unpacks to 10000000000000 bytes, but the device has \d+ free"):
+        unpack(archive, target)
+    assert list(target.iterdir()) == []
+    member.size = 10**15  # past ext4's largest file: reading the archive fails with EINVAL, a refusal too
+    archive.write_bytes(member.tobuf(format=tarfile.PAX_FORMAT))
+    with pytest.raises(UnsafeArchiveError, match="cannot be read|not a readable tar"):
+        unpack(archive, target)
+
+
+def test_a_sparse_member_is_refused(tmp_path: Path) -> None:
+    member = tarfile.TarInfo("weights.bin")
+    member.type = tarfile.GNUTYPE_SPARSE
+    archive = tmp_path / "sparse.tar"
+    archive.write_bytes(member.tobuf(format=tarfile.GNU_FORMAT))
+    with pytest.raises(UnsafeArchiveError, match="'weights.bin'"):
+        unpack(archive, tmp_path / "staging")
