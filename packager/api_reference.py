@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.bundle import CLASSIFICATION_TASK, EMBEDDING_TASK
+from runtime.engine.config import EngineConfig
 from runtime.events import schema as events_schema
 from runtime.server.openapi import core_pieces, document
 from runtime.server.protocol import RequestPolicy
@@ -30,6 +31,23 @@ failures (`ReportBatchItemFailures`), so one bad message never fails its neighbo
 carry the same body as HTTP errors (see [troubleshooting](troubleshooting.md)).
 `pkg invoke functions/NAME "prompt" --queue QUEUE_URL` sends a request and waits for its result.
 """
+
+
+def grammar_limits() -> list[str]:
+    """The structured-output budgets of a chat request, from the server's defaults, as one wrapped paragraph."""
+    policy, config = EXAMPLE_POLICY, EngineConfig()
+    text = (
+        "Structured output limits ([details](structured-output.md#limits)): a `response_format` schema, regex or"
+        f" grammar, or a `guided_*` field, may take {policy.max_grammar_bytes} bytes (of its JSON; a string: its"
+        f" UTF-8), and `tools` {policy.max_tools} functions whose `parameters` take {policy.max_tool_schema_bytes}"
+        " bytes together; beyond that, 400 naming the field and the limit. The grammar is compiled before the"
+        " request is queued, off the event loop: one that cannot be used, runs llguidance's lexer out of fuel,"
+        f" takes more than {config.grammar_max_bytes >> 20} MiB compiled or more than {config.grammar_compile_s:g} s"
+        " to compile is a 400 with the reason in plain text; while other requests' grammars hold the compiler"
+        f" that long, 429 with `Retry-After`. Compiled grammars are kept up to {config.grammar_cache_bytes >> 20}"
+        " MiB, least recently used evicted first."
+    )
+    return [*textwrap.wrap(text, width=110), ""]
 
 
 def render() -> str:
@@ -51,6 +69,8 @@ def render() -> str:
         for path, operations in spec["paths"].items():
             for method, operation in operations.items():
                 lines += _operation(method.upper(), path, operation, spec["components"]["schemas"])
+                if path == "/v1/chat/completions":
+                    lines += grammar_limits()
     queue = ["", "## Queue API (SQS: `python -m runtime worker`, or SQS events of the Lambda handler)", ""]
     queue += textwrap.dedent(events_schema.__doc__ or "").strip().splitlines()
     return "\n".join(lines + queue) + "\n\n" + QUEUE_DELIVERY

@@ -55,3 +55,10 @@ class EngineConfig:
     # `speculative_tokens` drafted tokens verified per decode forward.
     speculative: bool = False
     speculative_tokens: int = 3
+    # Constrained decoding's budget (engine/grammar_cache.py): compiled grammars are kept up to
+    # `grammar_cache_bytes` (measured per grammar, least recently used evicted first); one grammar measuring
+    # more than `grammar_max_bytes` is refused with a 400, as is one a request waits on longer than
+    # `grammar_compile_s` to compile.
+    grammar_cache_bytes: int = 128 << 20
+    grammar_max_bytes: int = 32 << 20
+    grammar_compile_s: float = 5.0

@@ -2,10 +2,10 @@
 
 A request asks for structure with `SamplingParams.grammar`, an llguidance grammar (the JSON the
 `*_grammar` builders below return: JSON schema, regex or Lark). Each of its sequences gets a
-`GrammarConstraint` (an `LLMatcher`) when it is submitted; every step, `mask_logits` has llguidance
-fill the allowed-token bitmasks of all constrained rows in one parallel call, sets every other token
-of those rows to -inf before sampling, and `advance` feeds each row its chosen token. Rows without a
-grammar are never touched.
+`GrammarConstraint` (a copy of the grammar compiled once, engine/grammar_cache.py) when it is
+submitted; every step, `mask_logits` has llguidance fill the allowed-token bitmasks of all constrained
+rows in one parallel call, sets every other token of those rows to -inf before sampling, and `advance`
+feeds each row its chosen token. Rows without a grammar are never touched.
 
 llguidance is imported on first use (it costs ~140 ms), and the llguidance tokenizer (~0.2-0.8 s,
 ~28 MB) is built on the first constrained request, so servers that never see one pay nothing.
@@ -16,23 +16,25 @@ from __future__ import annotations
 import functools
 import json
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runtime.engine.request import InvalidRequestError
-
 if TYPE_CHECKING:
-    from llguidance import LLExecutor, LLMatcher, LLTokenizer
+    from llguidance import LLExecutor, LLMatcher, LLParserLimits
 
 # Compact JSON, one space after separators: the form small models were trained on, and no whitespace
 # runs for a model to loop in (with flexible whitespace, SmolLM2-135M pads objects with newlines).
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-_TEMPLATE_CACHE = 64  # compiled grammars kept per engine; a matcher for a cached one is a cheap deep copy
+# llguidance builds a grammar's lexer at its first token mask and spends this much fuel on it at most. At
+# llguidance's default (1,000,000) the regex `((a{100}){100}){100}` took 0.7 s and kept 172 MB before failing
+# anyway; at 200,000 it fails in 85 ms having allocated 38 MB. The heaviest real grammars measured (a
+# 150-property schema, a 2,000-value enum, 50,000-character strings, dates, emails) spend a small part of it.
+INITIAL_LEXER_FUEL = 200_000
+_OUT_OF_FUEL = "too many expressions constructed"
+_DUMPS = ("<state>", "<non-verbose/>", "<backtrace>")  # what llguidance appends to an error's own text
+_MAX_MESSAGE = 500
 
 
 def json_schema_grammar(schema: dict[str, Any], *, strict: bool = True) -> str:
@@ -74,11 +76,37 @@ def choice_grammar(choices: Sequence[str]) -> str:
 
 
 def grammar_problem(grammar: str) -> str | None:
-    """Why `grammar` cannot be used (llguidance's message), or None when it is valid."""
+    """Why `grammar` cannot be used (llguidance's message, one plain line), or None when it is valid."""
     from llguidance import LLMatcher
 
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
-    return messages[0] if is_error else None
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, limits=parser_limits())
+    return plain_message(messages[0]) if is_error else None
+
+
+def parser_limits() -> LLParserLimits:
+    """llguidance's limits for every grammar this server checks or compiles (see `INITIAL_LEXER_FUEL`)."""
+    from llguidance import LLParserLimits
+
+    # Error messages without the parser state and grammar dump that verbose errors append.
+    return LLParserLimits(initial_lexer_fuel=INITIAL_LEXER_FUEL, verbose_errors=False)
+
+
+def plain_message(error: str) -> str:
+    """llguidance's error as text a client can read: never a Rust panic, a backtrace or a parser state dump.
+
+    A panic is an internal assertion (an 85,000-alternative grammar overflows a 16-bit symbol table), so
+    it becomes a plain "too large"; other errors keep their text (a regex error points at the column)
+    up to the first dump llguidance appends.
+    """
+    text = error.strip()
+    if not text or text.startswith("panic") or "<backtrace>" in text:
+        return "the grammar is too large or too complex to compile"
+    for marker in _DUMPS:
+        text = text.split(marker, 1)[0]
+    text = text.rstrip()
+    if _OUT_OF_FUEL in text:
+        return f"the grammar is too complex: building its lexer ran out of fuel ({text})"
+    return text if len(text) <= _MAX_MESSAGE else text[:_MAX_MESSAGE] + "…"
 
 
 class GrammarConstraint:
@@ -86,48 +114,6 @@ class GrammarConstraint:
 
     def __init__(self, matcher: LLMatcher) -> None:
         self.matcher = matcher
-
-
-class Grammars:
-    """An engine's grammar service: the llguidance tokenizer and a cache of compiled grammars."""
-
-    def __init__(self, tokenizer_path: Path, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
-        self._tokenizer_path = tokenizer_path
-        self._vocab_size = vocab_size
-        self._eos = list(eos_token_ids)
-        self._tokenizer: LLTokenizer | None = None
-        self._templates: OrderedDict[str, LLMatcher] = OrderedDict()
-        self._lock = threading.Lock()  # submitting threads share the tokenizer build and the cache
-
-    def constraint(self, grammar: str) -> GrammarConstraint:
-        """A fresh constraint for one sequence; an unusable grammar is a 400 naming `grammar`."""
-        with self._lock:
-            template = self._templates.get(grammar)
-            if template is None:
-                template = self._compile(grammar)
-                self._templates[grammar] = template
-                if len(self._templates) > _TEMPLATE_CACHE:
-                    self._templates.popitem(last=False)
-            else:
-                self._templates.move_to_end(grammar)
-            return GrammarConstraint(template.deep_copy())
-
-    def _compile(self, grammar: str) -> LLMatcher:
-        from llguidance import LLMatcher
-
-        matcher = LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
-        if matcher.is_error():
-            raise InvalidRequestError(f"the grammar cannot be used: {matcher.get_error()}", param="grammar")
-        return matcher
-
-    def _llg_tokenizer(self) -> LLTokenizer:
-        if self._tokenizer is None:
-            from llguidance import LLTokenizer
-
-            # eos_token must be given: llguidance would otherwise guess id 0, which is not this model's end.
-            text = self._tokenizer_path.read_text(encoding="utf-8")
-            self._tokenizer = LLTokenizer(text, n_vocab=self._vocab_size, eos_token=self._eos)
-        return self._tokenizer
 
 
 def mask_logits(logits: np.ndarray, constrained: Sequence[tuple[int, GrammarConstraint]]) -> None:

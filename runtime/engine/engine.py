@@ -25,7 +25,7 @@ import numpy as np
 from runtime.bundle import Bundle
 from runtime.engine.background import Idleness, StartupWork
 from runtime.engine.config import EngineConfig
-from runtime.engine.constraints import Grammars
+from runtime.engine.grammar_cache import CompiledGrammar, GrammarBudget, Grammars
 from runtime.engine.graphs import decode_graph_path, decodes_with_prefill_graph, prefill_graph_file
 from runtime.engine.huge_pages import CollapseReport
 from runtime.engine.kv_cache import KVPool, PrefixCache, context_for_budget
@@ -77,7 +77,8 @@ class Engine:
         self.tokenizer = Tokenizer(bundle.tokenizer_path, facts.chat_template, facts.bos_token_id, facts.eos_token_ids)
         tokenizer_s = time.perf_counter() - started
         self._pool = KVPool(facts, config.max_batch, self.max_context)
-        self.grammars = Grammars(bundle.tokenizer_path, facts.vocab_size, facts.eos_token_ids)
+        budget = GrammarBudget(config.grammar_cache_bytes, config.grammar_max_bytes, compile_s=config.grammar_compile_s)
+        self.grammars = Grammars(bundle.tokenizer_path, facts.vocab_size, facts.eos_token_ids, budget)
         session = build.result()
         prefill_session = None
         if prefill_build is not None and not config.defer_prefill_graph:
@@ -136,12 +137,20 @@ class Engine:
         self._step()
 
     # Requests.
-    def submit(self, request: GenerationRequest, *, prompt_param: str = "prompt") -> RequestStream:
-        """Queue `request`; `prompt_param` names the client field errors about the prompt point at."""
+    def submit(
+        self, request: GenerationRequest, *, prompt_param: str = "prompt", grammar: CompiledGrammar | None = None
+    ) -> RequestStream:
+        """Queue `request`; `prompt_param` names the client field errors about the prompt point at.
+
+        `grammar`: the request's grammar, compiled already (`self.grammars`); without it a grammar is
+        compiled here, on the caller's thread, which an event loop must not be.
+        """
         validate_request(request, self._facts.vocab_size, self.max_context, self.config.max_batch, prompt_param)
+        if grammar is not None and grammar.text != request.sampling.grammar:
+            raise ValueError("the compiled grammar is not the one the request's sampling asks for")
         now = time.perf_counter()
         group = RequestState(request, submitted_at=now)
-        group.sequences = [self._sequence(group, i) for i in range(request.sampling.n)]
+        group.sequences = [self._sequence(group, i, grammar) for i in range(request.sampling.n)]
         stream = RequestStream(request.request_id, now, self.abort, self._stream_wakeups)
         with self._wakeup:
             if request.request_id in self._streams:
@@ -380,14 +389,17 @@ class Engine:
             stream.close()
         self._stream_wakeups.flush()
 
-    def _sequence(self, group: RequestState, index: int) -> SequenceState:
+    def _sequence(self, group: RequestState, index: int, grammar: CompiledGrammar | None) -> SequenceState:
         request = group.request
         params = request.sampling
         output = OutputProcessor(
             self.tokenizer, params, self._facts.eos_token_ids, request.request_id, index,
             len(request.prompt_token_ids), self.max_context,
         )  # fmt: skip
-        constraint = self.grammars.constraint(params.grammar) if params.grammar is not None else None
+        if grammar is not None:
+            constraint = grammar.constraint()
+        else:
+            constraint = self.grammars.constraint(params.grammar) if params.grammar is not None else None
         sampler = SequenceSampler(params, request.prompt_token_ids, index, constraint)
         return SequenceState(group, index, sampler, output)
 

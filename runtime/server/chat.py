@@ -14,6 +14,7 @@ from runtime.server.encoding import WireFormat, decode_body
 from runtime.server.errors import from_engine_error
 from runtime.server.formatting import ResponseMeta, chat_logprob, check_prompt_length
 from runtime.server.generation import Generation, framed_stream
+from runtime.server.grammar_compile import resolve_grammar
 from runtime.server.protocol import ChatRequest, parse_chat
 from runtime.server.state import ServerState, read_body
 from runtime.server.tools import ToolCall, ToolCallParser, split_output
@@ -24,6 +25,7 @@ CLIENT_CLOSED = 499  # nginx's status for "the client went away first"; only eve
 async def create_chat_completion(state: ServerState, request: Request, wire: WireFormat) -> Response:
     raw = await read_body(request, state.settings.max_body_bytes)
     parsed = parse_chat(decode_body(raw, request.headers.get("content-type")), state.policy)
+    parsed = await resolve_grammar(state, parsed)
     generation, meta = submit_chat(state, parsed)
     if parsed.stream:
         chunks = _stream(generation, meta, parsed, wire)
@@ -33,7 +35,13 @@ async def create_chat_completion(state: ServerState, request: Request, wire: Wir
 
 
 def submit_chat(state: ServerState, parsed: ChatRequest) -> tuple[Generation, ResponseMeta]:
-    """Render the chat through the template and queue it; shared by HTTP and the queue frontends."""
+    """Render the chat through the template and queue it; shared by HTTP and the queue frontends.
+
+    A request with a grammar must have been through `resolve_grammar` (compiling it here would hold the
+    event loop).
+    """
+    if parsed.grammar_source is not None:
+        raise RuntimeError("the request's grammar is not compiled yet: await resolve_grammar(state, parsed) first")
     engine = state.require_engine()
     try:
         text = engine.tokenizer.apply_chat_template(list(parsed.messages), add_generation_prompt=True)
@@ -43,7 +51,9 @@ def submit_chat(state: ServerState, parsed: ChatRequest) -> tuple[Generation, Re
     check_prompt_length(len(prompt), state.policy.max_prompt_tokens, "messages")
     meta = ResponseMeta.new("chatcmpl", state.policy.model_name, state.settings.fingerprint)
     request_for_engine = GenerationRequest(meta.id, tuple(prompt), parsed.sampling)
-    generation = Generation(engine, [request_for_engine], state.metrics.timer(), prompt_param="messages")
+    generation = Generation(
+        engine, [request_for_engine], state.metrics.timer(), prompt_param="messages", grammar=parsed.grammar
+    )
     return generation, meta
 
 

@@ -23,6 +23,7 @@ from runtime.server.metrics import RequestTimer
 
 if TYPE_CHECKING:
     from runtime.engine.engine import Engine
+    from runtime.engine.grammar_cache import CompiledGrammar
     from runtime.engine.stream import RequestStream
     from runtime.server.encoding import WireFormat
 
@@ -33,8 +34,15 @@ class Generation:
     """The engine streams of one HTTP request, one per prompt; outputs are tagged with their prompt index."""
 
     def __init__(
-        self, engine: Engine, requests: Sequence[GenerationRequest], timer: RequestTimer, *, prompt_param: str
+        self,
+        engine: Engine,
+        requests: Sequence[GenerationRequest],
+        timer: RequestTimer,
+        *,
+        prompt_param: str,
+        grammar: CompiledGrammar | None = None,
     ) -> None:
+        """`grammar`: the requests' grammar, compiled off the event loop beforehand (server/grammar_compile.py)."""
         self._timer = timer
         self._streams: list[RequestStream] = []
         self._ended: set[int] = set()
@@ -42,7 +50,7 @@ class Generation:
         self._completion_tokens: dict[tuple[int, int], int] = {}
         try:
             for request in requests:
-                self._streams.append(engine.submit(request, prompt_param=prompt_param))
+                self._streams.append(engine.submit(request, prompt_param=prompt_param, grammar=grammar))
         except (InvalidRequestError, EngineOverloadedError) as exc:
             # A later prompt failed: the earlier ones must not keep running for nobody.
             self.cancel()

@@ -105,6 +105,8 @@ _JSON_SCHEMA = {"type": "object", "description": "a JSON Schema"}
 
 
 def _chat_schemas(policy: RequestPolicy) -> dict[str, Schema]:
+    # Sizes in bytes of the field's JSON (a string's UTF-8), which no JSON Schema keyword can say.
+    sized = f"at most {policy.max_grammar_bytes} bytes"
     content = {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART, "minItems": 1}]}
     message = {
         "type": "object",
@@ -149,6 +151,7 @@ def _chat_schemas(policy: RequestPolicy) -> dict[str, Schema]:
         "type": "object",
         "required": ["type"],
         "additionalProperties": False,
+        "description": f"its `json_schema`, `regex` or `grammar` {sized}",
         "properties": {
             "type": {"enum": ["text", "json_object", "json_schema", "regex", "grammar"]},
             "json_schema": {
@@ -176,13 +179,22 @@ def _chat_schemas(policy: RequestPolicy) -> dict[str, Schema]:
             "logprobs": nullable({"type": "boolean"}),
             "top_logprobs": nullable({"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}),
             "response_format": nullable(response_format),
-            "tools": nullable({"type": "array", "items": tool}),
+            "tools": nullable(
+                {
+                    "type": "array",
+                    "items": tool,
+                    "maxItems": policy.max_tools,
+                    "description": f"`parameters` schemas together at most {policy.max_tool_schema_bytes} bytes",
+                }
+            ),
             "tool_choice": nullable({"anyOf": [{"enum": ["none", "auto", "required"]}, named_choice]}),
             "parallel_tool_calls": nullable({"type": "boolean"}),
-            "guided_json": nullable(_JSON_SCHEMA),
-            "guided_regex": nullable({"type": "string"}),
-            "guided_grammar": nullable({"type": "string"}),
-            "guided_choice": nullable({"type": "array", "items": {"type": "string"}, "minItems": 1}),
+            "guided_json": nullable({**_JSON_SCHEMA, "description": f"a JSON Schema, {sized}"}),
+            "guided_regex": nullable({"type": "string", "description": sized}),
+            "guided_grammar": nullable({"type": "string", "description": f"Lark or GBNF, {sized}"}),
+            "guided_choice": nullable(
+                {"type": "array", "items": {"type": "string"}, "minItems": 1, "description": sized}
+            ),
             # Accepted only in their "off" spelling: the server answers anything else with 400.
             "functions": nullable({"type": "array", "maxItems": 0}),
             "function_call": nullable({"enum": ["none", "auto"]}),

@@ -19,16 +19,20 @@ Field policy (the same for both endpoints):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
-from runtime.engine import constraints
 from runtime.engine.request import SamplingParams
 from runtime.server.errors import APIError, invalid_param
 from runtime.server.fields import BodyReader, show
+from runtime.server.grammar_compile import GrammarSource
+from runtime.server.structured_output import GUIDED, no_grammar, structured_output
 from runtime.server.tools import ToolRequest, history_message, parse_tools, tool_grammar, with_tools_prompt
 
+if TYPE_CHECKING:
+    from runtime.engine.grammar_cache import CompiledGrammar
+
 _IGNORED = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
-_GUIDED = ("guided_json", "guided_regex", "guided_grammar", "guided_choice")  # vLLM's spelling, via extra_body
 _EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids")
 _COMMON = (
     "model",
@@ -57,7 +61,7 @@ _CHAT_FIELDS = frozenset(
         "tools",
         "tool_choice",
         "parallel_tool_calls",
-        *_GUIDED,
+        *GUIDED,
         "functions",
         "function_call",
         "modalities",
@@ -90,6 +94,12 @@ class RequestPolicy:
     max_prompts: int = 16
     max_stop: int = 16
     system_prompt: str | None = None
+    # What one request may constrain its output with, in bytes of its JSON (a string: its UTF-8 bytes): a
+    # schema, regex, grammar or choice list; the functions in `tools`, and their parameter schemas together.
+    # Within these a grammar compiles in well under a second (docs/structured-output.md#limits).
+    max_grammar_bytes: int = 128 << 10
+    max_tools: int = 128
+    max_tool_schema_bytes: int = 128 << 10
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,10 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     tools: ToolRequest | None = None  # set when the request offers tools (its choice may still be "none")
+    # Set by parsing when the request constrains its output; `grammar_compile.resolve_grammar` turns it
+    # into `grammar` (and `sampling.grammar`), off the event loop, before the request may be queued.
+    grammar_source: GrammarSource | None = None
+    grammar: CompiledGrammar | None = None
 
 
 @dataclass(frozen=True)
@@ -118,15 +132,18 @@ def parse_chat(body: Any, policy: RequestPolicy) -> ChatRequest:
     reader = BodyReader(body, _CHAT_FIELDS)
     _check_model(reader, policy)
     _reject_chat_features(reader)
-    tools = parse_tools(reader)
-    grammar = _structured_output(reader)
+    tools = parse_tools(reader, max_tools=policy.max_tools, max_schema_bytes=policy.max_tool_schema_bytes)
+    source = structured_output(reader, policy.max_grammar_bytes)
     messages = _messages(reader.raw("messages"), policy)
     if tools is not None and tools.active:
-        if grammar is not None:
+        if source is not None:
             raise unsupported(
                 "response_format", "'response_format' cannot be combined with tools unless 'tool_choice' is 'none'"
             )
-        messages, grammar = with_tools_prompt(messages, tools), tool_grammar(tools)
+        messages = with_tools_prompt(messages, tools)
+        source = GrammarSource("tools", partial(tool_grammar, tools), tools)
+    elif tools is not None:  # offered, not used: their schemas are still checked
+        source = replace(source, tools=tools) if source is not None else GrammarSource("tools", no_grammar, tools)
     logprobs = reader.boolean("logprobs", False)
     top_logprobs = reader.integer("top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
     if reader.has("top_logprobs") and not logprobs:
@@ -136,10 +153,11 @@ def parse_chat(body: Any, policy: RequestPolicy) -> ChatRequest:
     stream, include_usage = _stream_mode(reader)
     return ChatRequest(
         messages=messages,
-        sampling=replace(sampling, grammar=grammar),
+        sampling=sampling,
         stream=stream,
         include_usage=include_usage,
         tools=tools,
+        grammar_source=source,
     )
 
 
@@ -192,64 +210,6 @@ def _reject_chat_features(reader: BodyReader) -> None:
     for key in ("audio", "prediction"):
         if reader.has(key):
             raise unsupported(key, f"'{key}' is not supported by this model")
-
-
-def _structured_output(reader: BodyReader) -> str | None:
-    """The grammar `response_format` or a `guided_*` field asks for; None for free text."""
-    asked = [key for key in ("response_format", *_GUIDED) if reader.has(key)]
-    if len(asked) > 1:
-        raise invalid_param(asked[1], f"'{asked[0]}' and '{asked[1]}' both constrain the output; give one")
-    if not asked:
-        return None
-    key = asked[0]
-    value = reader.raw(key)
-    if key == "response_format":
-        fmt = reader.nested(key, ("type", "json_schema", "regex", "grammar"))
-        assert fmt is not None
-        kind = fmt.string("type", required=True)
-        value = None if kind in ("text", "json_object") else fmt.raw(kind)
-        if kind not in _FORMAT_TYPES:
-            raise unsupported("response_format.type", f"response_format type {show(kind)}; use one of {_FORMAT_TYPES}")
-        if kind not in ("text", "json_object") and value is None:
-            raise invalid_param(f"response_format.{kind}", f"'response_format.{kind}' is required for type {kind!r}")
-    else:
-        kind = key.removeprefix("guided_")
-    try:
-        grammar = _grammar(kind, value, key)
-    except ValueError as exc:  # llguidance could not read the schema or grammar text at all
-        raise invalid_param(key, f"invalid {key}: {exc}") from exc
-    problem = constraints.grammar_problem(grammar) if grammar is not None else None
-    if problem is not None:
-        raise invalid_param(key, f"invalid {key}: {problem}")
-    return grammar
-
-
-_FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "grammar")
-
-
-def _grammar(kind: str, value: Any, key: str) -> str | None:
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return constraints.json_object_grammar()
-    if kind == "json_schema":  # OpenAI's {"name", "description", "schema", "strict"}
-        spec = BodyReader(value, ("name", "description", "schema", "strict"), path="response_format.json_schema.")
-        spec.string("name", required=True)
-        schema = spec.raw("schema") or {}
-        if not isinstance(schema, dict):
-            raise invalid_param(key, f"'response_format.json_schema.schema' must be an object, got {show(schema)}")
-        return constraints.json_schema_grammar(schema, strict=spec.boolean("strict", False))
-    if kind == "json":  # vLLM's guided_json: the schema itself
-        if not isinstance(value, dict):
-            raise invalid_param(key, f"'{key}' must be a JSON schema object, got {show(value)}")
-        return constraints.json_schema_grammar(value, strict=False)
-    if kind == "choice":
-        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
-            raise invalid_param(key, f"'{key}' must be a non-empty list of strings, got {show(value)}")
-        return constraints.choice_grammar(value)
-    if not isinstance(value, str):
-        raise invalid_param(key, f"'{key}' must be a string, got {show(value)}")
-    return constraints.regex_grammar(value) if kind == "regex" else constraints.lark_grammar(value)
 
 
 def _sampling(

@@ -31,6 +31,10 @@ CLOSE = "</tool_call>"
 _BLOCK_START = OPEN + "[\n"
 _BLOCK_END = "\n]" + CLOSE
 _CHOICES = ("none", "auto", "required")
+# Per request: OpenAI's own cap on functions, and room for their schemas that keeps the compile of the
+# request's grammar well under a second (3,000 functions held the event loop 2 s before these limits).
+MAX_TOOLS = 128
+MAX_TOOL_SCHEMA_BYTES = 128 << 10
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 _INSTRUCTIONS = (
     "You are an expert in composing functions. You are given a question and a set of possible functions.\n"
@@ -72,8 +76,14 @@ class ToolCall:
         return call if index is None else {"index": index, **call}
 
 
-def parse_tools(reader: BodyReader) -> ToolRequest | None:
-    """`tools`, `tool_choice` and `parallel_tool_calls`, checked; None when the request has no tools."""
+def parse_tools(
+    reader: BodyReader, *, max_tools: int = MAX_TOOLS, max_schema_bytes: int = MAX_TOOL_SCHEMA_BYTES
+) -> ToolRequest | None:
+    """`tools`, `tool_choice` and `parallel_tool_calls`, checked; None when the request has no tools.
+
+    The parameter schemas are only sized here: they compile into the request's grammar off the event loop
+    (server/grammar_compile.py), where `check_schemas` names one that cannot be used.
+    """
     raw_tools = reader.raw("tools")
     choice = reader.raw("tool_choice")
     if raw_tools in (None, []):
@@ -82,11 +92,40 @@ def parse_tools(reader: BodyReader) -> ToolRequest | None:
         return None
     if not isinstance(raw_tools, list):
         raise invalid_param("tools", f"'tools' must be a list of function tools, got {show(raw_tools)}")
+    if len(raw_tools) > max_tools:
+        raise invalid_param("tools", f"'tools' has {len(raw_tools)} functions; at most {max_tools} are allowed")
     functions = tuple(_function(item, f"tools[{i}]") for i, item in enumerate(raw_tools))
     names = [f.name for f in functions]
     if len(set(names)) != len(names):
         raise invalid_param("tools", f"tool names must be unique, got {names}")
+    schema_bytes = sum(json_size(f.parameters) for f in functions)
+    if schema_bytes > max_schema_bytes:
+        raise invalid_param(
+            "tools",
+            f"the parameter schemas in 'tools' take {schema_bytes} bytes; at most {max_schema_bytes} are allowed",
+        )
     return ToolRequest(functions, _choice(choice, names), reader.boolean("parallel_tool_calls", True))
+
+
+def json_size(value: Any) -> int:
+    """The UTF-8 bytes of `value` as compact JSON (a string: its own bytes), as the grammar compiler gets it."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass"))
+    # msgpack bodies can hold bytes, which no schema may: sized by their repr, refused when compiled.
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=repr, skipkeys=True)
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_schemas(request: ToolRequest) -> None:
+    """A 400 naming the first function whose parameter schema llguidance cannot use (slow: not on the event loop)."""
+    for i, function in enumerate(request.functions):
+        path = f"tools[{i}].function.parameters"
+        try:
+            problem = grammar_problem(json_schema_grammar(function.parameters, strict=function.strict))
+        except ValueError as exc:  # llguidance refuses some schemas outright, e.g. integers beyond 64 bits
+            problem = str(exc)
+        if problem is not None:
+            raise invalid_param(path, f"invalid JSON schema in '{path}': {problem}")
 
 
 def _function(item: Any, path: str) -> Function:
@@ -104,14 +143,7 @@ def _function(item: Any, path: str) -> Function:
         parameters = {"type": "object", "properties": {}}
     if not isinstance(parameters, dict):
         raise invalid_param(spec.name("parameters"), f"'{spec.name('parameters')}' must be a JSON schema object")
-    strict = spec.boolean("strict", False)
-    try:
-        problem = grammar_problem(json_schema_grammar(parameters, strict=strict))
-    except ValueError as exc:  # llguidance refuses some schemas outright, e.g. integers beyond 64 bits
-        problem = str(exc)
-    if problem is not None:
-        raise invalid_param(spec.name("parameters"), f"invalid JSON schema in '{spec.name('parameters')}': {problem}")
-    return Function(name, spec.string("description"), parameters, strict)
+    return Function(name, spec.string("description"), parameters, spec.boolean("strict", False))
 
 
 def _choice(value: Any, names: list[str]) -> str:
