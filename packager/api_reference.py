@@ -14,6 +14,7 @@ from typing import Any
 from runtime.bundle import CLASSIFICATION_TASK, EMBEDDING_TASK
 from runtime.engine.config import EngineConfig
 from runtime.events import schema as events_schema
+from runtime.server.connection_limits import ConnectionLimits
 from runtime.server.openapi import core_pieces, document
 from runtime.server.protocol import RequestPolicy
 
@@ -62,6 +63,8 @@ def render() -> str:
         "JSON responses are server-sent events (`data: {chunk}` … `data: [DONE]`) and msgpack responses",
         "are the chunk maps back to back. With an API key configured, every route but `/health` needs",
         "`Authorization: Bearer KEY` (`/ready` answers without it, but only with its status).",
+        "",
+        *textwrap.wrap("**Connections.** " + ConnectionLimits().describe(), width=110),
     ]
     for title, task in TASKS:
         spec = document(EXAMPLE_POLICY, core_pieces(EXAMPLE_POLICY, task), auth=True)

@@ -24,53 +24,17 @@ import asyncio
 import enum
 import json
 import logging
-import resource
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from runtime.server.connection_limits import ConnectionLimits
+
 log = logging.getLogger("runtime.server.connections")
 
 EVICT_MIN_IDLE = 0.25  # seconds: a client that just connected sends its request at once; older silence is idle
-RESERVED_FDS = 128  # descriptors kept for the process itself: model files, logs, the event loop, pipes
-MAX_BACKLOG = 2048  # uvicorn's default listen backlog, which is also how many sockets one accept round takes
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    max_connections: int = 4096
-    max_header_bytes: int = 64 << 10
-    head_timeout: float = 10.0
-    body_timeout: float = 30.0
-    body_min_rate: int = 500  # bytes per second that extend a body's deadline by one second
-    keep_alive_timeout: int = 5
-    backlog: int = MAX_BACKLOG
-
-    @classmethod
-    def for_process(cls, max_connections: int, **settings: Any) -> ConnectionLimits:
-        """Limits whose connection cap and listen backlog fit this process's descriptor limit.
-
-        The soft limit is raised to the hard one first (as Go's runtime does): the soft default of 1024 is a
-        relic of select(2), which asyncio does not use. Sockets accepted in one round are open before any of
-        them can be closed, so the backlog is part of the budget.
-        """
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if hard == resource.RLIM_INFINITY or soft < hard:
-            target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-            try:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-                soft = target
-            except (ValueError, OSError):
-                pass  # keep the soft limit we have
-        available = max(soft - RESERVED_FDS, 16)
-        backlog = max(min(MAX_BACKLOG, available // 4), 8)
-        cap = max(min(max_connections, available - backlog), 8)
-        if cap < max_connections:
-            log.info("at most %d connections: the descriptor limit is %d (ulimit -n)", cap, soft)
-        return cls(max_connections=cap, backlog=backlog, **settings)
 
 
 class _Phase(enum.Enum):
@@ -128,7 +92,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if len(self.connections) > limits.max_connections and not self.registry.make_room():
             self.registry.refused += 1
             self._refuse(503, f"the server holds its limit of {limits.max_connections} connections; retry shortly",
-                         "too_many_connections", error_type="service_unavailable")  # fmt: skip
+                         code="too_many_connections", error_type="service_unavailable")  # fmt: skip
             return
         self.registry.idle(self)
         self._arm(limits.head_timeout, self._head_timed_out)
@@ -145,7 +109,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             room = limit - self._head_bytes
             if room <= 0:
                 self._refuse(431, f"the request head is over {limit} bytes; send shorter headers",
-                             "request_header_fields_too_large")  # fmt: skip
+                             code="request_header_fields_too_large")  # fmt: skip
                 return
             piece, data = data[:room], data[room:]
             self._head_bytes += len(piece)
@@ -199,7 +163,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.transport.close()  # never said anything: nothing to answer
         elif self._phase in (_Phase.IDLE, _Phase.HEAD):
             timeout = self.registry.limits.head_timeout
-            self._refuse(408, f"the request head did not arrive within {timeout:g} s", "request_timeout")
+            self._refuse(408, f"the request head did not arrive within {timeout:g} s", code="request_timeout")
 
     def _body_check(self) -> None:
         self._timer = None
@@ -220,11 +184,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if self.cycle is not None and not self.cycle.response_started:
                 self.cycle.disconnected = True  # the app's next receive() sees a disconnect
                 self.cycle.message_event.set()
-                self._refuse(408, message, "request_timeout")
+                self._refuse(408, message, code="request_timeout")
             else:
                 self.transport.close()
 
-    def _refuse(self, status: int, message: str, code: str, *, error_type: str = "invalid_request_error") -> None:
+    def _refuse(self, status: int, message: str, *, code: str, error_type: str = "invalid_request_error") -> None:
         """Answer with an OpenAI-shaped error outside the app, then close: the request cannot be read further."""
         self._disarm()
         self.registry.active(self)

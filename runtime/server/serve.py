@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runtime.server.connection_limits import ConnectionLimits
 from runtime.startup import RUNTIME_IMPORTED, TIMELINE
 from runtime.threads import in_thread
 
@@ -64,17 +65,18 @@ def register(subparsers: Any) -> None:
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     """Limits applied before a request reaches the app (runtime/server/connections.py)."""
+    default = ConnectionLimits()
     group = parser.add_argument_group("connections")
-    group.add_argument(
-        "--max-connections",
-        type=int,
-        default=4096,
-        help="open connections at most (lowered to fit `ulimit -n`); beyond: idle ones close, else 503",
-    )
-    group.add_argument("--max-header-bytes", type=int, default=64 << 10, help="request heads above this get 431")
-    group.add_argument("--head-timeout", type=float, default=10.0, help="seconds a request head may take (408)")
-    group.add_argument("--body-timeout", type=float, default=30.0,
-                       help="seconds a body may take, plus one per 500 bytes received (408)")  # fmt: skip
+    # fmt: off
+    group.add_argument("--max-connections", type=int, default=default.max_connections,
+                       help="open connections at most (lowered to fit `ulimit -n`); beyond: idle ones close, else 503")
+    group.add_argument("--max-header-bytes", type=int, default=default.max_header_bytes,
+                       help="request heads above this get 431")
+    group.add_argument("--head-timeout", type=float, default=default.head_timeout,
+                       help="seconds a request head may take (408)")
+    group.add_argument("--body-timeout", type=float, default=default.body_timeout,
+                       help=f"seconds a body may take, plus one per {default.body_min_rate} bytes received (408)")
+    # fmt: on
 
 
 def uvicorn_config(app: Any, args: argparse.Namespace, **settings: Any) -> Any:
@@ -87,7 +89,7 @@ def uvicorn_config(app: Any, args: argparse.Namespace, **settings: Any) -> Any:
     import uvicorn
 
     from runtime.log_limits import limit_repeats
-    from runtime.server.connections import ConnectionLimits, guarded_protocol
+    from runtime.server.connections import guarded_protocol
 
     limits = ConnectionLimits.for_process(
         args.max_connections,

@@ -1,0 +1,60 @@
+"""The limits `runtime.server.connections` enforces, apart from it so the command line can show their defaults
+without importing uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import resource
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("runtime.server.connections")
+
+RESERVED_FDS = 128  # descriptors kept for the process itself: model files, logs, the event loop, pipes
+MAX_BACKLOG = 2048  # uvicorn's default listen backlog, which is also how many sockets one accept round takes
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_connections: int = 4096
+    max_header_bytes: int = 64 << 10
+    head_timeout: float = 10.0
+    body_timeout: float = 30.0
+    body_min_rate: int = 500  # bytes per second that extend a body's deadline by one second
+    keep_alive_timeout: int = 5
+    backlog: int = MAX_BACKLOG
+
+    @classmethod
+    def for_process(cls, max_connections: int, **settings: Any) -> ConnectionLimits:
+        """Limits whose connection cap and listen backlog fit this process's descriptor limit.
+
+        The soft limit is raised to the hard one first (as Go's runtime does): the soft default of 1024 is a
+        relic of select(2), which asyncio does not use. Sockets accepted in one round are open before any of
+        them can be closed, so the backlog is part of the budget.
+        """
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+            except (ValueError, OSError):
+                pass  # keep the soft limit we have
+        available = max(soft - RESERVED_FDS, 16)
+        backlog = max(min(MAX_BACKLOG, available // 4), 8)
+        cap = max(min(max_connections, available - backlog), 8)
+        if cap < max_connections:
+            log.info("at most %d connections: the descriptor limit is %d (ulimit -n)", cap, soft)
+        return cls(max_connections=cap, backlog=backlog, **settings)
+
+    def describe(self) -> str:
+        """The limits in a sentence, for docs/api.md."""
+        return (
+            f"A request head (request line and headers) may take {self.max_header_bytes} bytes (431 beyond) and must"
+            f" arrive within {self.head_timeout:g} s of the connection or of its first byte (408); a body within"
+            f" {self.body_timeout:g} s plus one second per {self.body_min_rate} bytes received (408). Idle keep-alive"
+            f" connections close after {self.keep_alive_timeout} s. At most {self.max_connections} connections are"
+            " open (fewer when `ulimit -n` is lower): at that limit a new connection closes the longest-idle one, or"
+            " gets 503 `too_many_connections` when none is idle. Flags: `--max-header-bytes`, `--head-timeout`,"
+            " `--body-timeout`, `--max-connections`."
+        )
