@@ -45,10 +45,10 @@ from packager.deploy.aws_resources import (
     repository_resource,
 )
 from packager.deploy.base import TargetStatus
-from packager.deploy.server_flags import server_flags
 from packager.errors import UserError
 from packager.paths import build_dir
 from packager.progress import StepProgress
+from packager.runtime_flags import server_flags
 from packager.spec import AwsLambdaTarget, FunctionSpec
 
 TARGET = "aws-lambda"

@@ -33,11 +33,11 @@ from packager.deploy.greengrass_drivers import (
     latest_deployment,
 )
 from packager.deploy.greengrass_recipe import Artifacts, ComponentSettings, build_artifacts, recipe, recipe_digest
-from packager.deploy.server_flags import server_flags
 from packager.edge.archive import archive_bundle
 from packager.errors import UserError
 from packager.paths import build_dir, bundle_dir
 from packager.progress import StepProgress
+from packager.runtime_flags import server_flags
 from packager.spec import FunctionSpec, GreengrassTarget
 
 TARGET = "greengrass"

@@ -5,8 +5,8 @@ never overwrites a file an older version points at: Greengrass can roll back to 
 its digest as Greengrass checks it: base64 of the raw SHA-256 (`java.util.Base64` of `MessageDigest`).
 
 The lifecycle: `Install` puts the runtime's dependencies (pinned as tested here) into the work folder once
-per requirements file; `Run` starts the launcher (`greengrass_launcher.py`), which runs the edge agent and hands
-it the bundle, or becomes the queue worker. Port, token and queue are component configuration, so a
+per requirements file; `Run` starts the launcher (`runtime/agent/greengrass_launcher.py`), which runs the edge
+agent and hands it the bundle, or becomes the queue worker. Port, token and queue are component configuration, so a
 deployment can override them per thing group.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import json
 import shlex
 import zipfile
@@ -21,11 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packager.deploy import greengrass_launcher
 from packager.edge.archive import BundleArchive
+from packager.errors import UserError
 from packager.image.app_layer import RUNTIME_SOURCE
 from packager.image.base import LAMBDA_DISTRIBUTIONS, runtime_requirements
 
+LAUNCHER_MODULE = "runtime.agent.greengrass_launcher"  # runs on the core device: stdlib and `runtime` only
 RECIPE_FORMAT = "2020-01-25"
 ARCHITECTURES = ("amd64", "aarch64")
 TOKEN_EXCHANGE = "aws.greengrass.TokenExchangeService"
@@ -84,7 +86,7 @@ def build_artifacts(archive: BundleArchive, out_dir: Path) -> Artifacts:
     lambda_only = {line.split("==")[0] for line in LAMBDA_DISTRIBUTIONS}
     pins = [line for line in runtime_requirements() if line.split("==")[0] not in lambda_only]
     requirements.write_text("\n".join(pins) + "\n")
-    launcher = Path(greengrass_launcher.__file__)
+    launcher = _module_file(LAUNCHER_MODULE)
     bundle = Artifact(archive.path, f"bundle-{archive.sha256[:16]}.tar", archive.sha256, archive.size)
     return Artifacts(
         bundle=bundle,
@@ -191,3 +193,11 @@ def recipe_digest(document: dict[str, Any]) -> str:
     """What identifies the component's content: the recipe without its version."""
     content = {k: v for k, v in document.items() if k != "ComponentVersion"}
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _module_file(module: str) -> Path:
+    """The source file of a runtime module, found without importing it: the packager ships it, never owns it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise UserError(f"cannot find {module}: reinstall onnxfn (`pip install -e .`)")
+    return Path(spec.origin)

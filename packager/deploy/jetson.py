@@ -24,7 +24,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packager.deploy.base import TargetStatus
-from packager.deploy.server_flags import server_flags
 from packager.deploy.server_process import alive, terminate
 from packager.edge.archive import archive_bundle
 from packager.edge.client import AgentClient, AgentError, DeviceAuth
@@ -33,6 +32,7 @@ from packager.edge.fleet import push
 from packager.errors import UserError
 from packager.image.jetson import JETPACK_6, L4TBase, check_wheel, write_jetson_context
 from packager.paths import build_dir, bundle_dir
+from packager.runtime_flags import server_flags
 from packager.spec import FunctionSpec, JetsonTarget
 from runtime.bundle import BundleError, read_manifest
 

@@ -26,11 +26,11 @@ from pathlib import Path
 from packager.deploy import process_snapshot, server_process
 from packager.deploy.base import TargetStatus
 from packager.deploy.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
-from packager.deploy.server_flags import server_flags
 from packager.deploy.server_process import log_tail
 from packager.errors import UserError
 from packager.paths import build_dir, bundle_dir
 from packager.processes import precompile_runtime
+from packager.runtime_flags import server_flags
 from packager.spec import FunctionSpec
 from runtime.bundle import BundleError, open_bundle, read_manifest
 from runtime.engine.graphs import bundle_graphs

@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packager.deploy.server_flags import server_flags
 from packager.errors import UserError
 from packager.image.app_layer import (
     BUNDLE_DIR,
@@ -31,6 +30,7 @@ from packager.image.platforms import parse_platforms
 from packager.image.registry import PushReport, RegistryTarget, push_layout
 from packager.paths import cache_root
 from packager.progress import StepProgress
+from packager.runtime_flags import server_flags
 from packager.spec import FunctionSpec
 from runtime.bundle import BundleError
 from runtime.verified import open_verified

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import jinja2
 
-from packager.deploy.server_flags import server_flags
 from packager.errors import UserError
 from packager.image import app_layer
 from packager.image.app_layer import APP_DIR, BUNDLE_DIR, ENTRYPOINT, TEMPLATES, image_env, render_entrypoint
 from packager.image.base import PYTHON_DIR, RUNTIME_DISTRIBUTIONS
 from packager.image.dockerfile import link_or_copy
+from packager.runtime_flags import server_flags
 from packager.spec import FunctionSpec
 
 PROVIDERS = ("tensorrt", "cuda", "cpu")

@@ -7,4 +7,6 @@
 - `install`: verify → unpack → load in a fresh engine → smoke test → switch; rollback; start-up recovery.
 - `history`: the append-only log of installs and rollbacks `GET /agent/status` reports.
 - `routes`: the authenticated `/agent/*` HTTP API; `command`: the command line and uvicorn (TLS, mTLS).
+- `greengrass_launcher`: the Greengrass component's `Run` step on a core device (stdlib only, shipped as an
+  artifact by `pkg deploy --target greengrass`), which starts the agent and hands it the deployed bundle.
 """

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import requests
 
-from packager.deploy.server_flags import server_flags
+from packager.runtime_flags import server_flags
 from packager.spec import load_spec
 from tests.conftest import DEMO_FUNCTION
 from tests.deploy_aws.conftest import Workspace, tags_of

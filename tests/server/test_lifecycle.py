@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from packager.deploy.server_flags import server_flags
+from packager.runtime_flags import server_flags
 from packager.spec import load_spec
 from runtime.bundle import MANIFEST_NAME, Manifest, file_digest, manifest_bytes, read_manifest
 from runtime.server.app import create_app

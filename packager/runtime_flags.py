@@ -1,4 +1,4 @@
-"""Spec → runtime server flags, shared by every target that starts `python -m runtime serve`."""
+"""Spec → `python -m runtime serve` flags: the packager↔runtime contract every target and image uses."""
 
 from __future__ import annotations
 
