@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 
 import httpx
 
-from packager.deploy.server_process import alive, terminate
 from packager.processes import precompile_runtime, stop_process
+from packager.targets.local.server_process import alive, terminate
 from runtime.startup import parse_timeline
 
 # Spans of the server's timeline reported as phases, in start-up order (spans on threads overlap).
@@ -148,7 +148,7 @@ class ProcessSnapshotRuns:
     def __init__(
         self, python: str, bundle: Path, variant: ServerVariant, probe: Probe, threads: int, work: Path
     ) -> None:
-        from packager.deploy.process_snapshot import Criu
+        from packager.targets.local.process_snapshot import Criu
 
         self.criu = Criu.find()  # SnapshotUnavailable, with the reason, where CRIU cannot run
         self.bundle, self.prepacked, self.threads = bundle, work / "prepacked", threads
@@ -168,7 +168,7 @@ class ProcessSnapshotRuns:
         return f"http://127.0.0.1:{self.port}"
 
     def __call__(self) -> ColdSample:
-        from packager.deploy import process_snapshot
+        from packager.targets.local import process_snapshot
 
         if self.key is None:
             self.key = self._capture()
@@ -193,7 +193,7 @@ class ProcessSnapshotRuns:
         )
 
     def _capture(self) -> Any:
-        from packager.deploy import process_snapshot
+        from packager.targets.local import process_snapshot
         from runtime.bundle import open_bundle
         from runtime.engine.graphs import bundle_graphs
         from runtime.engine.prepacked import PrepackedGraphs

@@ -23,7 +23,7 @@ _CODE = re.compile(r"""\bcode=["']([a-z_]+)["']""")
 
 @dataclass(frozen=True)
 class CliError:
-    module: str  # packager/deploy/local.py
+    module: str  # packager/targets/local/target.py
     line: int
     template: str  # the message with {placeholders} where values are filled in
     exit_code: int

@@ -105,7 +105,7 @@ class EndpointSection:
 class LocalTarget:
     host: str = "127.0.0.1"
     port: int = bounded(0, lo=0, hi=65535)  # 0 = pick a free port
-    # Resume a CRIU snapshot of the warmed server instead of starting one (packager/deploy/process_snapshot.py).
+    # Resume a CRIU snapshot of the warmed server instead of starting one (packager/targets/local/process_snapshot.py).
     process_snapshot: bool = False
     # Write the graphs with their weights packed for this CPU into build/NAME/local/prepacked/ (once per bundle,
     # ~2.5 s and ~1.5 GB for the demo) and serve from there: the weights are memory-mapped, not packed onto

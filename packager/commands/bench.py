@@ -137,7 +137,7 @@ def _jobs(args: argparse.Namespace, bundle: Path, scratch: Path) -> dict[str, Jo
 def _process_snapshot_job(args: argparse.Namespace, bundle: Path, variant: Any, probe: Any, work: Path) -> Job:
     """The `local` target's scale from zero with `process_snapshot` on; reported, not run, without CRIU."""
     from packager.coldstart import ProcessSnapshotRuns
-    from packager.deploy.process_snapshot import SnapshotUnavailable
+    from packager.targets.local.process_snapshot import SnapshotUnavailable
 
     work.mkdir(parents=True, exist_ok=True)
     try:

@@ -7,8 +7,9 @@ For an embedding function (`task = "embedding"`) it embeds the text instead and 
 norm and first values; for a classifier (`task = "classification"`), every label's probability.
 
 The reply goes to stdout as it arrives (so it pipes cleanly); token counts and timing go to stderr.
-`--target aws-lambda` and `--target aws-sagemaker` go through boto3 (Lambda's Invoke, SageMaker's
-InvokeEndpoint) and print the whole reply once it is complete.
+A target with an HTTP endpoint (local, jetson) streams; `--target aws-lambda` and `--target aws-sagemaker`
+go through boto3 (Lambda's Invoke, SageMaker's InvokeEndpoint) and print the whole reply once complete;
+greengrass says where each device serves.
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from packager.deploy import local, server_process
-from packager.deploy.base import TARGETS, target
 from packager.errors import UserError
 from packager.spec import FunctionSpec, load_spec
+from packager.targets.base import TARGETS, Target, target
 
 err_console = Console(stderr=True)
 
@@ -54,26 +54,17 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.function)
     if args.queue:
         return _invoke_queue(spec, args)
-    if args.target != "local":
-        return _invoke_aws(spec, args)
-    status = local.status(spec)
-    if status is None:
-        raise UserError(f"{spec.name} is not deployed; deploy it first: pkg deploy {args.function} --target local")
-    if status.state != "ready":
-        tail = server_process.log_tail(Path(status.deployment.log_file))
-        raise UserError(
-            f"the local deployment of {spec.name} is not serving (state: {status.state}, pid {status.pid}); "
-            f"redeploy with `pkg deploy {args.function} --target local`\n{tail}"
-        )
-    key = status.deployment.api_key.read()
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    chosen = target(args.target)
+    endpoint = chosen.http_endpoint(spec)
+    if endpoint is None:
+        return _invoke_through_target(chosen, spec, args)
     if spec.model.task == "embedding":
-        return _invoke_embedding(f"{status.url}/v1/embeddings", spec, args, headers)
+        return _invoke_embedding(f"{endpoint.url}/v1/embeddings", spec, args, endpoint.headers)
     if spec.model.task == "classification":
-        return _invoke_classification(f"{status.url}/v1/classify", spec, args, headers)
+        return _invoke_classification(f"{endpoint.url}/v1/classify", spec, args, endpoint.headers)
     path, _, body = _generation_request(spec, args, stream=True)
     started = time.perf_counter()
-    usage = _stream_reply(f"{status.url}{path}", body, headers, args.timeout)
+    usage = _stream_reply(f"{endpoint.url}{path}", body, endpoint.headers, args.timeout)
     elapsed = time.perf_counter() - started
     if usage:
         err_console.print(
@@ -182,10 +173,11 @@ def _invoke_queue(spec: FunctionSpec, args: argparse.Namespace) -> int:
     return 0
 
 
-def _invoke_aws(spec: FunctionSpec, args: argparse.Namespace) -> int:
+def _invoke_through_target(chosen: Target, spec: FunctionSpec, args: argparse.Namespace) -> int:
+    """A target without an HTTP endpoint of its own (Lambda's Invoke, SageMaker's InvokeEndpoint): one reply."""
     started = time.perf_counter()
     path, _, body = _generation_request(spec, args, stream=False)
-    reply = target(args.target).invoke(spec, path, body)
+    reply = chosen.invoke(spec, path, body)
     elapsed = time.perf_counter() - started
     choices = reply.get("choices") or [{}]
     sys.stdout.write(_choice_text(choices[0]) + "\n")

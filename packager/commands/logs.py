@@ -7,10 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-from packager.deploy.base import TARGETS
 from packager.errors import UserError
-from packager.logs import read_log
 from packager.spec import load_spec
+from packager.targets.base import TARGETS, target
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -19,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "logs",
         help="print (or follow) a deployed function's log",
-        description="The server log of a local deployment, or the CloudWatch log group of an AWS one.",
+        description="The server log of a local deployment, the agent log of a Jetson one, or the CloudWatch "
+        "log group of an AWS one.",
     )
     parser.add_argument("function", type=Path, help="function folder holding function.toml")
     parser.add_argument("--target", choices=TARGETS, default="local")
@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     if args.tail is not None and args.tail < 1:
         raise UserError(f"--tail {args.tail}: give a positive number of lines", exit_code=2)
     since = parse_age(args.since) if args.since else None
-    for line in read_log(spec, args.target, follow=args.follow, since_seconds=since, tail=args.tail):
+    lines = target(args.target).logs(spec, follow=args.follow, since_seconds=since, tail=args.tail)
+    for line in lines:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S ", time.gmtime(line.timestamp)) if line.timestamp else ""
         sys.stdout.write(f"{stamp}{line.message}\n")
         sys.stdout.flush()

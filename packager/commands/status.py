@@ -11,9 +11,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from packager.deploy.base import TARGETS, TargetStatus, target
 from packager.errors import UserError
 from packager.spec import FunctionSpec, load_spec
+from packager.targets.base import TARGETS, TargetStatus, target
 
 console = Console()
 _STATE_STYLES = {
@@ -90,13 +90,7 @@ def _row(status: TargetStatus, spec: FunctionSpec) -> dict[str, object]:
 
 def scaling_bounds(target_name: str, spec: FunctionSpec) -> tuple[int | str, int | str]:
     """How far the target scales, from the spec the deploy applied: (min, max) instances or environments."""
-    if target_name == "aws-lambda":
-        settings = spec.targets.aws_lambda
-        ceiling = settings.reserved_concurrency
-        return settings.provisioned_concurrency, "account" if ceiling is None else ceiling
-    if target_name == "aws-sagemaker":
-        return spec.targets.aws_sagemaker.min_instances, spec.targets.aws_sagemaker.max_instances
-    return 1, 1  # one server process or device
+    return target(target_name).scaling(spec)
 
 
 def _deployed_at(status: TargetStatus) -> float | None:

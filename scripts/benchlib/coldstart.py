@@ -108,7 +108,7 @@ def measure_process_snapshot(config: SystemConfig, text: str, repetitions: int) 
     """onnxfn's server resumed from the `local` target's process snapshot, with the same flags and request as
     `onnxfn-http`'s fresh starts; an error entry where CRIU cannot run."""
     from packager.coldstart import CompletionProbe, ProcessSnapshotRuns, ServerVariant
-    from packager.deploy.process_snapshot import SnapshotUnavailable
+    from packager.targets.local.process_snapshot import SnapshotUnavailable
 
     spec = SPECS["onnxfn-http"](config)
     serve_flags = spec.command[spec.command.index("--log-level") + 2 :]  # the engine flags, threads included

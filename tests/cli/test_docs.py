@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from packager.deploy.base import TARGETS
 from packager.error_catalog import (
     TROUBLESHOOTING,
     cli_errors,
@@ -12,6 +11,7 @@ from packager.error_catalog import (
     http_error_codes,
     rendered_page,
 )
+from packager.targets.base import TARGETS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 TARGET_PAGES = {"greengrass": "edge.md", "jetson": "edge.md"}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from packager.deploy.aws_common import AwsDeployment, save_state
+from packager.targets.aws.common import AwsDeployment, save_state
 from tests.fixtures.moto_server import REGION, MotoServer, running_moto_server
 
 GROUP = "/aws/lambda/logfn"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from packager.deploy import neuron
 from packager.spec import load_spec
+from packager.targets.aws import neuron
 from tests.deploy_aws.conftest import Workspace
 from tests.fixtures.moto_server import MotoServer
 

@@ -18,9 +18,9 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from packager.deploy.aws_lambda import function_url_event
 from packager.image.run import Podman, pull_registry
 from packager.processes import stop_process
+from packager.targets.aws.lambda_function import function_url_event
 from runtime.events.schema import message_body
 from tests.deploy_aws.conftest import Workspace
 from tests.deploy_aws.lambda_service import LambdaService, running_lambda_service

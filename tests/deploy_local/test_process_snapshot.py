@@ -14,7 +14,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from packager.deploy.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
+from packager.targets.local.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
 from tests.deploy_local.conftest import FUNCTION, Workspace, client_for, pid_alive
 
 pytestmark = pytest.mark.real_model

@@ -22,10 +22,10 @@ import pytest
 from botocore.validate import validate_parameters
 
 from packager.cli import main
-from packager.deploy import greengrass
-from packager.deploy.greengrass_recipe import ComponentSettings, recipe
 from packager.errors import UserError
 from packager.spec import load_spec
+from packager.targets.greengrass import target as greengrass
+from packager.targets.greengrass.recipe import ComponentSettings, recipe
 from runtime.bundle import MANIFEST_NAME, file_digest, manifest_bytes, read_manifest
 from tests.conftest import DEMO_FUNCTION
 from tests.edge.greengrass_recipe_format import recipe_problems
@@ -222,7 +222,7 @@ def test_bad_settings_are_refused_before_anything_is_created(
 
 
 def test_worker_recipe_and_the_checker_catches_broken_recipes(tmp_path: Path) -> None:
-    from packager.deploy.greengrass_recipe import Artifact, Artifacts
+    from packager.targets.greengrass.recipe import Artifact, Artifacts
 
     def artifact(name: str, unarchive: str = "NONE") -> Artifact:
         return Artifact(tmp_path / name, name, hashlib.sha256(name.encode()).hexdigest(), 1, unarchive)

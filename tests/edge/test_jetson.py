@@ -12,10 +12,10 @@ import onnxruntime
 import pytest
 
 from packager.cli import main
-from packager.deploy import jetson
-from packager.deploy.jetson import HostFacts
 from packager.errors import UserError
 from packager.spec import load_spec
+from packager.targets import jetson
+from packager.targets.jetson import HostFacts
 from runtime.engine.providers import TensorRTCache
 from tests.conftest import DEMO_FUNCTION
 
@@ -88,7 +88,7 @@ def test_a_jetson_gets_the_gpu_providers_and_a_persistent_tensorrt_cache(functio
     assert plan.tensorrt_cache == TensorRTCache.beside(root / "bundles" / name).directory
     assert plan.serving is None and not plan.no_changes  # no agent answers on that port yet
     assert [(action, kind) for action, kind, _, _ in plan.rows()] == [("create", "edge agent"), ("create", "bundle")]
-    assert plan.context.region.startswith("aarch64, # R36 (release), REVISION: 4.0")
+    assert plan.where.startswith("aarch64, # R36 (release), REVISION: 4.0")
     assert jetson.status(spec) is None
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from packager.deploy.aws_lambda import decode_http_response, function_url_event
 from packager.image.app_layer import render_entrypoint
 from packager.processes import stop_process
+from packager.targets.aws.lambda_function import decode_http_response, function_url_event
 from runtime.events.lambda_handler import RUNTIME_API_ENV
 from tests.deploy_aws.lambda_service import running_lambda_service
 from tests.events.conftest import Queues, chat_envelope

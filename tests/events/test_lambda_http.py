@@ -7,7 +7,7 @@ import base64
 import json
 from typing import Any
 
-from packager.deploy.aws_lambda import decode_http_response, function_url_event
+from packager.targets.aws.lambda_function import decode_http_response, function_url_event
 from runtime.events import lambda_handler
 from runtime.events.lambda_handler import handler
 from tests.events.conftest import LAMBDA_MODEL, LambdaContext, Queues, chat_envelope

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from packager.deploy.aws_lambda import decode_http_response, function_url_event
 from packager.processes import stop_process
+from packager.targets.aws.lambda_function import decode_http_response, function_url_event
 from runtime.events.lambda_handler import BUNDLE_ENV, FLAGS_ENV, RUNTIME_API_ENV
 from runtime.events.snapstart import INIT_TYPE_ENV
 from tests.deploy_aws.lambda_service import LambdaService, running_lambda_service

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from packager.deploy.terraform import ACCOUNT_EXPRESSION, WIRING
+from packager.targets.aws.terraform import ACCOUNT_EXPRESSION, WIRING
 from tests.deploy_aws.conftest import Workspace, tags_of
 from tests.fixtures.moto_server import MotoServer
 from tests.terraform.conftest import CHECKOV, blocks, load_hcl

@@ -1,5 +1,5 @@
 """The Terraform modules and the emitted root modules: formatted as `terraform fmt` wants, parseable, wired as
-`packager/deploy/terraform.py` says, and clean under checkov (every skip carrying its reason)."""
+`packager/targets/aws/terraform.py` says, and clean under checkov (every skip carrying its reason)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from packager.deploy.terraform import WIRING, block, value
+from packager.targets.aws.terraform import WIRING, block, value
 from tests.terraform.conftest import CHECKOV, MODULES, blocks, load_hcl
 
 MODULE_NAMES = ("ecr", "s3_bundle_store", "lambda_function", "sagemaker_endpoint", "greengrass_component")

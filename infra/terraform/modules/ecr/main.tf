@@ -1,4 +1,4 @@
-# The function's image repository: the same settings `pkg deploy` gives it (packager/deploy/aws_resources.py).
+# The function's image repository: the same settings `pkg deploy` gives it (packager/targets/aws/resources.py).
 
 terraform {
   required_version = ">= 1.5"

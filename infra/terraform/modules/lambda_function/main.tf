@@ -1,6 +1,6 @@
 # The aws-lambda target: function from the ECR image, `live` alias, streaming function URL, SQS queue with a
 # dead-letter queue and the trigger reporting partial batch failures, log group, least-privilege role.
-# The same resources and settings as packager/deploy/aws_lambda.py.
+# The same resources and settings as packager/targets/aws/lambda_function.py.
 
 terraform {
   required_version = ">= 1.5"

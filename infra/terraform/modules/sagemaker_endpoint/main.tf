@@ -1,7 +1,7 @@
 # The aws-sagemaker target: model (image, and the Neuron artifact on ml.inf2), endpoint config, endpoint,
 # Application Auto Scaling between min and max instances with target tracking, and for an async endpoint
 # scaled to zero the step policy and alarm that wake it. The same resources and settings as
-# packager/deploy/aws_sagemaker.py.
+# packager/targets/aws/sagemaker.py.
 
 terraform {
   required_version = ">= 1.5"

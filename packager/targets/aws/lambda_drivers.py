@@ -9,8 +9,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from packager.deploy.aws_common import AwsContext, Resource, error_code, if_exists, wait_until
 from packager.errors import UserError
+from packager.targets.aws.common import AwsContext, Resource, error_code, if_exists, wait_until
 
 PUBLIC_URL_STATEMENT = "onnxfn-public-function-url"
 ROLE_PROPAGATION_SECONDS = 60.0  # a new IAM role takes a few seconds before Lambda may assume it

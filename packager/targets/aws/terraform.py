@@ -15,14 +15,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from packager.deploy import aws_lambda, aws_sagemaker, neuron
-from packager.deploy.aws_common import AwsContext, Resource
-from packager.deploy.aws_resources import bundle_digest, function_image
 from packager.errors import UserError
 from packager.progress import StepProgress
 from packager.spec import FunctionSpec
+from packager.targets.aws import lambda_function as aws_lambda
+from packager.targets.aws import neuron
+from packager.targets.aws import sagemaker as aws_sagemaker
+from packager.targets.aws.common import AwsContext, Resource
+from packager.targets.aws.resources import bundle_digest, function_image
 
-MODULES_DIR = Path(__file__).resolve().parents[2] / "infra" / "terraform" / "modules"
+MODULES_DIR = Path(__file__).resolve().parents[3] / "infra" / "terraform" / "modules"
 ACCOUNT = "000000000000"  # stands for the account while planning offline; 12 digits like the real one
 ACCOUNT_EXPRESSION = "${data.aws_caller_identity.current.account_id}"
 ENDPOINT_SERVICES = ("applicationautoscaling", "cloudwatch", "ecr", "iam", "lambda", "logs", "s3", "sagemaker",

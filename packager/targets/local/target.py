@@ -3,8 +3,8 @@
 Everything about a deployment lives in `build/NAME/local/`: `state.json` (what runs where),
 `server.pid`, `server.log`, `api-key` when the key was generated here, and `process-snapshot/` when
 `[targets.local] process_snapshot` is on (the warmed server, which the next deploy resumes instead of
-starting one: `process_snapshot.py`; `pkg destroy` keeps it). The same interface as every
-target: `plan(spec)` → `apply(plan)` → `status(spec)` → `destroy(spec)`.
+starting one: `process_snapshot.py`; `pkg destroy` keeps it). `LocalTarget` puts it behind the
+`Target` contract: `plan(spec)` → `apply(plan)` → `status(spec)` → `destroy(spec)`, `invoke`, `logs`.
 
 API key: `[endpoint] api_key_env` names the variable clients use. If it is set when deploying, the server
 reads it from the environment; if it is not, a random key is generated into `build/NAME/local/api-key`
@@ -18,20 +18,23 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterator
+from dataclasses import asdict, replace
 from pathlib import Path
 
-from packager.deploy import process_snapshot, server_process
-from packager.deploy.base import TargetStatus
-from packager.deploy.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
-from packager.deploy.server_process import log_tail
 from packager.errors import UserError
+from packager.logs import file_lines
 from packager.paths import build_dir, bundle_dir
 from packager.processes import precompile_runtime
+from packager.progress import StepProgress
 from packager.runtime_flags import server_flags
 from packager.spec import FunctionSpec
+from packager.targets.base import READY_TIMEOUT, STOP_TIMEOUT, HttpEndpoint, LogLine, Removal, Target, TargetStatus
+from packager.targets.local import process_snapshot, server_process
+from packager.targets.local.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
+from packager.targets.local.records import ApiKey, LocalDeployment, LocalPlan
+from packager.targets.local.server_process import log_tail
 from runtime.bundle import BundleError, open_bundle, read_manifest
 from runtime.engine.graphs import bundle_graphs
 from runtime.engine.prepacked import PrepackedGraphs
@@ -39,82 +42,7 @@ from runtime.engine.prepacked import PrepackedGraphs
 LOG_FILE = "server.log"
 PREPACKED_DIR = "prepacked"
 TARGET = "local"
-READY_TIMEOUT = 120.0
-STOP_TIMEOUT = 10.0
 PROMPT_GRAPH_WAIT = 60.0
-
-
-@dataclass(frozen=True)
-class ApiKey:
-    """Where the server and clients find the key: `env` (a variable name), `file` (a path) or `none`."""
-
-    source: str
-    location: str = ""
-
-    def describe(self) -> str:
-        if self.source == "env":
-            return f"from ${self.location}"
-        if self.source == "file":
-            return f"generated into {self.location}"
-        return "none: the endpoint has no auth"
-
-    def server_flags(self) -> list[str]:
-        flag = {"env": "--api-key-env", "file": "--api-key-file"}.get(self.source)
-        return [flag, self.location] if flag else []
-
-    def read(self) -> str | None:
-        if self.source == "env":
-            key = os.environ.get(self.location, "").strip()
-            if not key:
-                raise UserError(f"the deployment reads its API key from ${self.location}, which is now unset")
-            return key
-        if self.source == "file":
-            return Path(self.location).read_text().strip()
-        return None
-
-
-@dataclass(frozen=True)
-class LocalPlan:
-    function: str
-    bundle: Path
-    bundle_digest: str
-    host: str
-    port: int  # 0 = a free port, chosen by `apply`
-    state_dir: Path
-    api_key: ApiKey
-    server_flags: tuple[str, ...]  # everything after `serve BUNDLE --host H --port P`
-    process_snapshot: bool = False
-    prepacked: Path | None = None  # where the graphs with prepacked weights live (`prepack`), if they are used
-
-    def command(self, port: int) -> tuple[str, ...]:
-        return (
-            sys.executable, "-m", "runtime", "serve", str(self.bundle),
-            "--host", self.host, "--port", str(port), *self.server_flags,
-        )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class LocalDeployment:
-    """The contents of `state.json`."""
-
-    function: str
-    url: str
-    host: str
-    port: int
-    pid: int
-    bundle: str
-    bundle_digest: str
-    started_at: float  # epoch seconds
-    log_file: str
-    api_key_source: str
-    api_key_location: str
-    command: tuple[str, ...]
-    start: str = "fresh"  # or "restored": resumed from the process snapshot
-    start_note: str = ""  # what happened with the process snapshot, for the deploy's summary
-
-    @property
-    def api_key(self) -> ApiKey:
-        return ApiKey(self.api_key_source, self.api_key_location)
 
 
 def state_dir(spec: FunctionSpec) -> Path:
@@ -358,3 +286,60 @@ def _write_secret(path: Path, value: str) -> None:
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as handle:
         handle.write(value + "\n")
+
+
+class Local(Target):
+    name = TARGET
+
+    def plan(self, spec: FunctionSpec, progress: StepProgress) -> LocalPlan:
+        previous = status(spec)
+        replaces = None
+        if previous is not None:
+            replaces = f"pid {previous.pid} ({previous.state}, bundle {previous.bundle_digest[:19]}…)"
+        return replace(plan(spec), replaces=replaces)
+
+    def apply(self, plan: LocalPlan, progress: StepProgress) -> LocalDeployment:
+        with progress.step("prepack", "pack the weights for this CPU (once per bundle)") as step:
+            packed = prepack(plan)
+            if packed is None:
+                step.cached()
+        if packed is not None:
+            progress.console.print(f"  {packed}", highlight=False)
+        with progress.step("start", f"start {plan.function} (bundle {plan.bundle_digest[:19]}…)"):
+            deployment = apply(plan, ready_timeout=self.ready_timeout)
+        return replace(deployment, replaced=plan.replaces or "")
+
+    def status(self, spec: FunctionSpec) -> TargetStatus | None:
+        return status(spec)
+
+    def destroy(self, spec: FunctionSpec) -> Removal | None:
+        stopped = destroy(spec, timeout=self.stop_timeout)
+        if stopped is None:
+            return None
+        where = f"pid {stopped.pid}, {stopped.url}"
+        return Removal(f"stopped {spec.name} on {TARGET} ({where}); log kept at {stopped.log_file}")
+
+    def http_endpoint(self, spec: FunctionSpec) -> HttpEndpoint:
+        current = status(spec)
+        if current is None:
+            raise UserError(f"{spec.name} is not deployed; deploy it first: pkg deploy {spec.directory} --target local")
+        if current.state != "ready":
+            tail = server_process.log_tail(Path(current.deployment.log_file))
+            raise UserError(
+                f"the local deployment of {spec.name} is not serving (state: {current.state}, pid {current.pid}); "
+                f"redeploy with `pkg deploy {spec.directory} --target local`\n{tail}"
+            )
+        key = current.deployment.api_key.read()
+        return HttpEndpoint(current.url, {"Authorization": f"Bearer {key}"} if key else {})
+
+    def logs(
+        self, spec: FunctionSpec, *, follow: bool, since_seconds: float | None, tail: int | None
+    ) -> Iterator[LogLine]:
+        deployment = load(state_dir(spec))
+        # A destroyed deployment leaves its log behind, in the place a deploy writes it.
+        log_file = Path(deployment.log_file) if deployment else state_dir(spec) / LOG_FILE
+        if not log_file.is_file():
+            raise UserError(
+                f"{spec.name} was never deployed locally; deploy it: pkg deploy {spec.directory} --target local"
+            )
+        return file_lines(log_file, follow=follow, tail=tail)

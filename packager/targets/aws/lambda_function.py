@@ -21,9 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packager.deploy import aws_common as aws
-from packager.deploy.aws_common import AwsContext, AwsDeployment, AwsPlan, Driver, Resource
-from packager.deploy.aws_lambda_drivers import (
+from packager.errors import UserError
+from packager.paths import build_dir
+from packager.progress import StepProgress
+from packager.runtime_flags import server_flags
+from packager.spec import AwsLambdaTarget, FunctionSpec
+from packager.targets.aws import common as aws
+from packager.targets.aws.common import AwsContext, AwsDeployment, AwsPlan, Driver, Resource
+from packager.targets.aws.lambda_drivers import (
     AliasDriver,
     EventSourceDriver,
     FunctionDriver,
@@ -31,7 +36,7 @@ from packager.deploy.aws_lambda_drivers import (
     ProvisionedConcurrencyDriver,
     QueueDriver,
 )
-from packager.deploy.aws_resources import (
+from packager.targets.aws.resources import (
     BucketDriver,
     ImageDriver,
     LogGroupDriver,
@@ -44,12 +49,8 @@ from packager.deploy.aws_resources import (
     image_registry,
     repository_resource,
 )
-from packager.deploy.base import TargetStatus
-from packager.errors import UserError
-from packager.paths import build_dir
-from packager.progress import StepProgress
-from packager.runtime_flags import server_flags
-from packager.spec import AwsLambdaTarget, FunctionSpec
+from packager.targets.aws.target import AwsTarget
+from packager.targets.base import TargetStatus
 
 TARGET = "aws-lambda"
 ALIAS = "live"
@@ -357,3 +358,30 @@ def decode_http_response(reply: dict[str, Any]) -> dict[str, Any]:
         message = body.get("error", {}).get("message") if isinstance(body, dict) else None
         raise UserError(f"the function answered {status_code}: {message or text[:300]}")
     return dict(body)
+
+
+class Lambda(AwsTarget):
+    name = TARGET
+
+    def state_dir(self, spec: FunctionSpec) -> Path:
+        return state_dir(spec)
+
+    def plan(self, spec: FunctionSpec, progress: StepProgress) -> AwsPlan:
+        return plan(spec, progress=progress)
+
+    def apply(self, plan: AwsPlan, progress: StepProgress) -> AwsDeployment:
+        return apply(plan)
+
+    def status(self, spec: FunctionSpec) -> TargetStatus | None:
+        return status(spec)
+
+    def delete(self, spec: FunctionSpec) -> list[str] | None:
+        return destroy(spec)
+
+    def invoke(self, spec: FunctionSpec, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return invoke(spec, path, body)
+
+    def scaling(self, spec: FunctionSpec) -> tuple[int | str, int | str]:
+        settings = spec.targets.aws_lambda
+        ceiling = settings.reserved_concurrency
+        return settings.provisioned_concurrency, "account" if ceiling is None else ceiling

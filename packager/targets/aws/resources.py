@@ -14,13 +14,13 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from packager.deploy.aws_common import AwsContext, Resource, error_code, if_exists, tag_list
 from packager.errors import UserError
 from packager.image.layout import INDEX_MEDIA_TYPE, MANIFEST_MEDIA_TYPE
 from packager.image.registry import RegistryAuth, RegistryTarget, connect, push_layout
 from packager.paths import bundle_dir
 from packager.progress import StepProgress
 from packager.spec import FunctionSpec
+from packager.targets.aws.common import AwsContext, Resource, error_code, if_exists, tag_list
 from runtime.bundle import BundleError, read_manifest
 
 INLINE_POLICY = "onnxfn"

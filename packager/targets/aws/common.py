@@ -236,6 +236,10 @@ class AwsPlan:
     def no_changes(self) -> bool:
         return not self.removals and all(change.action == "none" for change in self.changes)
 
+    @property
+    def where(self) -> str:
+        return self.context.region
+
     def rows(self) -> list[tuple[str, str, str, str]]:
         """(action, kind, name, what changes) for `pkg deploy --plan`."""
         rows = [(c.action, c.resource.kind, c.resource.name, c.describe()) for c in self.changes]
@@ -258,6 +262,18 @@ class AwsDeployment:
     failed_step: str = ""
     updated_at: float = 0.0
     changed: int = 0
+    planned: int = 0  # resources the last plan named (changed or not)
+
+    def summary(self) -> list[tuple[str, str]]:
+        return [
+            ("url", self.url or "-"),
+            ("region", f"{self.region} (account {self.account})"),
+            ("bundle", self.bundle_digest),
+            ("changed", f"{self.changed} of {self.planned} resources"),
+        ]
+
+    def next_step(self, function_dir: Path) -> str:
+        return f'try it: pkg invoke {function_dir} "Hello!" --target {self.target}'
 
 
 def plan_changes(context: AwsContext, drivers: dict[str, Driver], desired: list[Resource]) -> tuple[Change, ...]:
@@ -299,7 +315,15 @@ def apply_plan(plan: AwsPlan) -> AwsDeployment:
         step = f"delete {stale.kind} {stale.name}"
         _run_step(plan, deployment, step, lambda r=stale: plan.drivers[r.kind].delete(plan.context, r.name))
         changed += 1
-    final = AwsDeployment(**{**asdict(deployment), "outcome": "applied", "updated_at": time.time(), "changed": changed})
+    final = AwsDeployment(
+        **{
+            **asdict(deployment),
+            "outcome": "applied",
+            "updated_at": time.time(),
+            "changed": changed,
+            "planned": len(plan.changes),
+        }
+    )
     save_state(plan.state_dir, final)
     return final
 

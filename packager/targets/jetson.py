@@ -20,20 +20,23 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from packager.deploy.base import TargetStatus
-from packager.deploy.server_process import alive, terminate
 from packager.edge.archive import archive_bundle
 from packager.edge.client import AgentClient, AgentError, DeviceAuth
 from packager.edge.devices import TOKEN_ENV
 from packager.edge.fleet import push
 from packager.errors import UserError
 from packager.image.jetson import JETPACK_6, L4TBase, check_wheel, write_jetson_context
+from packager.logs import file_lines
 from packager.paths import build_dir, bundle_dir
+from packager.progress import StepProgress
 from packager.runtime_flags import server_flags
 from packager.spec import FunctionSpec, JetsonTarget
+from packager.targets.base import HttpEndpoint, LogLine, Removal, Target, TargetStatus
+from packager.targets.local.server_process import alive, terminate
 from runtime.bundle import BundleError, read_manifest
 
 TARGET = "jetson"
@@ -80,16 +83,11 @@ class HostFacts:
 
 
 @dataclass(frozen=True)
-class DeviceContext:
-    region: str  # what `pkg deploy` prints after the target name: the device's platform
-
-
-@dataclass(frozen=True)
 class JetsonPlan:
-    """Duck-types `AwsPlan` where `pkg deploy` reads it: `no_changes`, `rows()`, `changes`, `context.region`."""
+    """The agent to start (unless it runs), the bundle to push to it, and the Docker context to write."""
 
     spec: FunctionSpec
-    context: DeviceContext
+    device: str  # the device's platform: machine and L4T release
     bundle: Path
     bundle_digest: str
     agent_command: tuple[str, ...]
@@ -104,8 +102,8 @@ class JetsonPlan:
     serving: str | None  # the digest the device's agent serves now, None when no agent runs
 
     @property
-    def changes(self) -> tuple[tuple[str, str, str, str], ...]:
-        return tuple(self.rows())
+    def where(self) -> str:
+        return self.device
 
     @property
     def no_changes(self) -> bool:
@@ -131,13 +129,25 @@ class JetsonPlan:
 class JetsonDeployment:
     function: str
     url: str
-    region: str
-    account: str
+    device: str  # machine and L4T release
+    hostname: str
     bundle_digest: str
     pid: int
     log_file: str
     changed: int
     updated_at: float
+
+    def summary(self) -> list[tuple[str, str]]:
+        return [
+            ("url", f"[bold]{self.url}/v1[/] (the agent; OpenAI-compatible)"),
+            ("device", f"{self.hostname} ({self.device})"),
+            ("bundle", self.bundle_digest),
+            ("agent", f"pid {self.pid}, log {self.log_file}"),
+            ("changed", f"{self.changed} of the plan's rows"),
+        ]
+
+    def next_step(self, function_dir: Path) -> str:
+        return f'try it: pkg invoke {function_dir} "Hello!" --target jetson'
 
 
 def state_dir(spec: FunctionSpec) -> Path:
@@ -175,7 +185,7 @@ def plan(spec: FunctionSpec, *, progress: object = None, host: HostFacts | None 
     url = f"http://127.0.0.1:{settings.port}"
     command = agent_command(spec, root, state_dir(spec).resolve() / "agent-token")
     return JetsonPlan(
-        spec=spec, context=DeviceContext(f"{host.machine}, {host.l4t_release}"), bundle=bundle_dir(spec),
+        spec=spec, device=f"{host.machine}, {host.l4t_release}", bundle=bundle_dir(spec),
         bundle_digest=digest, agent_command=command, bundle_root=root,
         tensorrt_cache=root / "bundles" / f".{digest.removeprefix('sha256:')[:16]}-tensorrt-cache",
         url=url, token=token, wheel=wheel, base=base, state_dir=state_dir(spec), host=host,
@@ -238,7 +248,7 @@ def apply(plan: JetsonPlan) -> JetsonDeployment:
         raise UserError(f"the agent on this Jetson refused the bundle ({result.outcome}): {result.detail}\n"
                         f"its log: {log_file}")  # fmt: skip
     deployment = JetsonDeployment(
-        plan.spec.name, plan.url, plan.context.region, plan.host.hostname, result.digest, pid, str(log_file),
+        plan.spec.name, plan.url, plan.device, plan.host.hostname, result.digest, pid, str(log_file),
         changed, time.time(),
     )  # fmt: skip
     (plan.state_dir / "state.json").write_text(json.dumps(asdict(deployment), indent=2) + "\n")
@@ -258,9 +268,13 @@ def _wait_up(plan: JetsonPlan, process: subprocess.Popen[bytes]) -> None:
 
 def _load(directory: Path) -> JetsonDeployment | None:
     try:
-        return JetsonDeployment(**json.loads((directory / "state.json").read_text()))
+        record = json.loads((directory / "state.json").read_text())
     except FileNotFoundError:
         return None
+    # Records written before the device had its own fields kept it in AwsDeployment's `region` and `account`.
+    record.setdefault("device", record.pop("region", ""))
+    record.setdefault("hostname", record.pop("account", ""))
+    return JetsonDeployment(**record)
 
 
 def status(spec: FunctionSpec) -> TargetStatus | None:
@@ -283,3 +297,40 @@ def destroy(spec: FunctionSpec) -> list[str] | None:
         terminate(deployment.pid, 30.0)
     (state_dir(spec) / "state.json").unlink(missing_ok=True)
     return [f"edge agent pid {deployment.pid} ({deployment.url})"]
+
+
+class Jetson(Target):
+    name = TARGET
+
+    def plan(self, spec: FunctionSpec, progress: StepProgress) -> JetsonPlan:
+        return plan(spec)
+
+    def apply(self, plan: JetsonPlan, progress: StepProgress) -> JetsonDeployment:
+        return apply(plan)
+
+    def status(self, spec: FunctionSpec) -> TargetStatus | None:
+        return status(spec)
+
+    def destroy(self, spec: FunctionSpec) -> Removal | None:
+        stopped = destroy(spec)
+        if not stopped:
+            return None
+        kept = spec.targets.jetson.bundle_root
+        return Removal(f"stopped {spec.name} on {TARGET}; bundles and TensorRT caches stay in {kept}", tuple(stopped))
+
+    def http_endpoint(self, spec: FunctionSpec) -> HttpEndpoint:
+        current = status(spec)
+        if current is None:
+            raise UserError(f"{spec.name} is not deployed; deploy it: pkg deploy {spec.directory} --target jetson")
+        if current.state != "ready":
+            raise UserError(f"the agent of {spec.name} is not serving (state: {current.state}); {current.detail}")
+        return HttpEndpoint(current.url, {})  # the agent's /v1 has no key unless the agent was given one
+
+    def logs(
+        self, spec: FunctionSpec, *, follow: bool, since_seconds: float | None, tail: int | None
+    ) -> Iterator[LogLine]:
+        deployment = _load(state_dir(spec))
+        log_file = Path(deployment.log_file) if deployment else state_dir(spec) / "agent.log"
+        if not log_file.is_file():
+            raise UserError(f"{spec.name} was never deployed here: pkg deploy {spec.directory} --target jetson")
+        return file_lines(log_file, follow=follow, tail=tail)

@@ -20,10 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packager.deploy import aws_common as aws
-from packager.deploy import neuron
-from packager.deploy.aws_common import AwsContext, AwsDeployment, AwsPlan, Driver, Resource
-from packager.deploy.aws_resources import (
+from packager.errors import UserError
+from packager.paths import build_dir
+from packager.progress import StepProgress
+from packager.spec import FunctionSpec
+from packager.targets.aws import common as aws
+from packager.targets.aws import neuron
+from packager.targets.aws.common import AwsContext, AwsDeployment, AwsPlan, Driver, Resource
+from packager.targets.aws.resources import (
     BucketDriver,
     ImageDriver,
     LogGroupDriver,
@@ -36,7 +40,7 @@ from packager.deploy.aws_resources import (
     image_registry,
     repository_resource,
 )
-from packager.deploy.aws_sagemaker_drivers import (
+from packager.targets.aws.sagemaker_drivers import (
     PREDEFINED_METRICS,
     VARIANT,
     AlarmDriver,
@@ -47,11 +51,8 @@ from packager.deploy.aws_sagemaker_drivers import (
     ScalableTargetDriver,
     ScalingPolicyDriver,
 )
-from packager.deploy.base import TargetStatus
-from packager.errors import UserError
-from packager.paths import build_dir
-from packager.progress import StepProgress
-from packager.spec import FunctionSpec
+from packager.targets.aws.target import AwsTarget
+from packager.targets.base import TargetStatus
 
 TARGET = "aws-sagemaker"
 ASYNC_RESULT_TIMEOUT = 300.0
@@ -365,3 +366,28 @@ def _await_async(context: AwsContext, response: dict[str, Any]) -> dict[str, Any
         time.sleep(2.0)
     raise UserError(f"no reply at {locations['output']} after {ASYNC_RESULT_TIMEOUT:.0f} s (an endpoint scaled to "
                     "zero takes minutes to start); it will still be written there")  # fmt: skip
+
+
+class SageMaker(AwsTarget):
+    name = TARGET
+
+    def state_dir(self, spec: FunctionSpec) -> Path:
+        return state_dir(spec)
+
+    def plan(self, spec: FunctionSpec, progress: StepProgress) -> AwsPlan:
+        return plan(spec, progress=progress)
+
+    def apply(self, plan: AwsPlan, progress: StepProgress) -> AwsDeployment:
+        return apply(plan)
+
+    def status(self, spec: FunctionSpec) -> TargetStatus | None:
+        return status(spec)
+
+    def delete(self, spec: FunctionSpec) -> list[str] | None:
+        return destroy(spec)
+
+    def invoke(self, spec: FunctionSpec, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return invoke(spec, path, body)
+
+    def scaling(self, spec: FunctionSpec) -> tuple[int | str, int | str]:
+        return spec.targets.aws_sagemaker.min_instances, spec.targets.aws_sagemaker.max_instances

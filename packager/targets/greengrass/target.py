@@ -14,16 +14,23 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from packager.deploy import aws_common as aws
-from packager.deploy.aws_common import AwsContext, AwsDeployment, AwsPlan, Driver, Resource
-from packager.deploy.aws_resources import BucketDriver, bucket_name, bucket_resource
-from packager.deploy.base import TargetStatus
-from packager.deploy.greengrass_drivers import (
+from packager.edge.archive import archive_bundle
+from packager.errors import UserError
+from packager.paths import build_dir, bundle_dir
+from packager.progress import StepProgress
+from packager.runtime_flags import server_flags
+from packager.spec import FunctionSpec, GreengrassTarget
+from packager.targets.aws import common as aws
+from packager.targets.aws.common import AwsContext, AwsDeployment, AwsPlan, Driver, Resource
+from packager.targets.aws.resources import BucketDriver, bucket_name, bucket_resource
+from packager.targets.base import LogLine, Removal, Target, TargetStatus
+from packager.targets.greengrass.drivers import (
     ArtifactDriver,
     ComponentDriver,
     DeploymentDriver,
@@ -32,13 +39,7 @@ from packager.deploy.greengrass_drivers import (
     deployments_of,
     latest_deployment,
 )
-from packager.deploy.greengrass_recipe import Artifacts, ComponentSettings, build_artifacts, recipe, recipe_digest
-from packager.edge.archive import archive_bundle
-from packager.errors import UserError
-from packager.paths import build_dir, bundle_dir
-from packager.progress import StepProgress
-from packager.runtime_flags import server_flags
-from packager.spec import FunctionSpec, GreengrassTarget
+from packager.targets.greengrass.recipe import Artifacts, ComponentSettings, build_artifacts, recipe, recipe_digest
 
 TARGET = "greengrass"
 SECTION = f"targets.{TARGET}"
@@ -272,3 +273,34 @@ def _delete_artifacts(spec: FunctionSpec, context: AwsContext) -> list[str]:
                 s3.delete_object(Bucket=bucket, Key=item["Key"])
                 deleted.append(f"s3-object {bucket}/{item['Key']}")
     return deleted
+
+
+class Greengrass(Target):
+    name = TARGET
+
+    def plan(self, spec: FunctionSpec, progress: StepProgress) -> AwsPlan:
+        return plan(spec, progress=progress)
+
+    def apply(self, plan: AwsPlan, progress: StepProgress) -> AwsDeployment:
+        return apply(plan)
+
+    def status(self, spec: FunctionSpec) -> TargetStatus | None:
+        return status(spec)
+
+    def destroy(self, spec: FunctionSpec) -> Removal | None:
+        deleted = destroy(spec)
+        if not deleted:
+            return None
+        return Removal(f"destroyed {spec.name} on {TARGET}: deleted {len(deleted)} resources", tuple(deleted))
+
+    def invoke(self, spec: FunctionSpec, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        settings = spec.targets.greengrass
+        if settings.mode == "worker":
+            raise self.refuse("invoke", f"the component serves {settings.queue_url}: pkg invoke --queue QUEUE_URL")
+        raise self.refuse("invoke", f"each core device serves http://DEVICE:{settings.port}/v1 (the agent's own port)")
+
+    def logs(
+        self, spec: FunctionSpec, *, follow: bool, since_seconds: float | None, tail: int | None
+    ) -> Iterator[LogLine]:
+        where = f"/greengrass/v2/logs/{component_name(spec)}.log"
+        raise self.refuse("logs", f"the log is {where} on each core device (or in CloudWatch with LogManager)")

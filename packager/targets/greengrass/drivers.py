@@ -16,7 +16,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from packager.deploy.aws_common import TAG_FUNCTION, AwsContext, Resource, if_exists
+from packager.targets.aws.common import TAG_FUNCTION, AwsContext, Resource, if_exists
 
 TAG_RECIPE = "onnxfn:recipe-digest"
 LIVE_STATES = ("ACTIVE", "COMPLETED")  # a deployment devices are applying or have applied

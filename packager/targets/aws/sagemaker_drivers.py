@@ -12,8 +12,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from packager.deploy.aws_common import AwsContext, Resource, error_code, if_exists, subset, tag_list, wait_until
 from packager.errors import UserError
+from packager.targets.aws.common import AwsContext, Resource, error_code, if_exists, subset, tag_list, wait_until
 
 SERVICE_NAMESPACE = "sagemaker"
 DIMENSION = "sagemaker:variant:DesiredInstanceCount"

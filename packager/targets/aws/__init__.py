@@ -1,0 +1,1 @@
+"""AWS targets: Lambda and SageMaker endpoints, the resources they share, and the same as Terraform."""

@@ -1,0 +1,114 @@
+"""What a local deployment is on disk and on screen: its API key, its plan and its `state.json` record."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from packager.errors import UserError
+from packager.targets.base import PlanRow
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """Where the server and clients find the key: `env` (a variable name), `file` (a path) or `none`."""
+
+    source: str
+    location: str = ""
+
+    def describe(self) -> str:
+        if self.source == "env":
+            return f"from ${self.location}"
+        if self.source == "file":
+            return f"generated into {self.location}"
+        return "none: the endpoint has no auth"
+
+    def server_flags(self) -> list[str]:
+        flag = {"env": "--api-key-env", "file": "--api-key-file"}.get(self.source)
+        return [flag, self.location] if flag else []
+
+    def read(self) -> str | None:
+        if self.source == "env":
+            key = os.environ.get(self.location, "").strip()
+            if not key:
+                raise UserError(f"the deployment reads its API key from ${self.location}, which is now unset")
+            return key
+        if self.source == "file":
+            return Path(self.location).read_text().strip()
+        return None
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    function: str
+    bundle: Path
+    bundle_digest: str
+    host: str
+    port: int  # 0 = a free port, chosen by `apply`
+    state_dir: Path
+    api_key: ApiKey
+    server_flags: tuple[str, ...]  # everything after `serve BUNDLE --host H --port P`
+    process_snapshot: bool = False
+    prepacked: Path | None = None  # where the graphs with prepacked weights live (`prepack`), if they are used
+
+    replaces: str | None = None  # the deployment this one replaces: "pid P (state, bundle D)"
+
+    def command(self, port: int) -> tuple[str, ...]:
+        return (
+            sys.executable, "-m", "runtime", "serve", str(self.bundle),
+            "--host", self.host, "--port", str(port), *self.server_flags,
+        )  # fmt: skip
+
+    @property
+    def no_changes(self) -> bool:
+        return False  # a deploy always (re)starts the server, so its flags and key take effect
+
+    @property
+    def where(self) -> str:
+        return "this machine"
+
+    def rows(self) -> list[PlanRow]:
+        action = "replace" if self.replaces is not None else "create"
+        return [(action, "local server", self.function, f"bundle {self.bundle_digest[:19]}…")]
+
+
+@dataclass(frozen=True)
+class LocalDeployment:
+    """The contents of `state.json`."""
+
+    function: str
+    url: str
+    host: str
+    port: int
+    pid: int
+    bundle: str
+    bundle_digest: str
+    started_at: float  # epoch seconds
+    log_file: str
+    api_key_source: str
+    api_key_location: str
+    command: tuple[str, ...]
+    start: str = "fresh"  # or "restored": resumed from the process snapshot
+    start_note: str = ""  # what happened with the process snapshot, for the deploy's summary
+    replaced: str = ""  # the deployment this one replaced, when there was one
+
+    @property
+    def api_key(self) -> ApiKey:
+        return ApiKey(self.api_key_source, self.api_key_location)
+
+    def summary(self) -> list[tuple[str, str]]:
+        rows = [
+            ("url", f"[bold]{self.url}/v1[/] (OpenAI-compatible)"),
+            ("pid", str(self.pid)),
+            ("bundle", self.bundle),
+            ("digest", self.bundle_digest),
+            ("api key", self.api_key.describe()),
+            ("log", self.log_file),
+        ]
+        rows += [("start", self.start_note)] if self.start_note else []
+        return rows + ([("replaced", self.replaced)] if self.replaced else [])
+
+    def next_step(self, function_dir: Path) -> str:
+        return f'try it: pkg invoke {function_dir} "Hello!"'
