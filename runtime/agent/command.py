@@ -17,7 +17,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.server.serve import add_connection_arguments, add_model_arguments, bind, uvicorn_config
+from runtime.server.connection_limits import add_connection_arguments
+from runtime.server.serve import add_model_arguments, bind, uvicorn_config
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette

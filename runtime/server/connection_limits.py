@@ -3,6 +3,7 @@ without importing uvicorn."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import resource
 from dataclasses import dataclass
@@ -60,3 +61,19 @@ class ConnectionLimits:
             " gets 503 `too_many_connections` when none is idle. Flags: `--max-header-bytes`, `--head-timeout`,"
             " `--body-timeout`, `--max-connections`."
         )
+
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    """Limits applied before a request reaches the app (runtime/server/connections.py)."""
+    default = ConnectionLimits()
+    group = parser.add_argument_group("connections")
+    # fmt: off
+    group.add_argument("--max-connections", type=int, default=default.max_connections,
+                       help="open connections at most (lowered to fit `ulimit -n`); beyond: idle ones close, else 503")
+    group.add_argument("--max-header-bytes", type=int, default=default.max_header_bytes,
+                       help="request heads above this get 431")
+    group.add_argument("--head-timeout", type=float, default=default.head_timeout,
+                       help="seconds a request head may take (408)")
+    group.add_argument("--body-timeout", type=float, default=default.body_timeout,
+                       help=f"seconds a body may take, plus one per {default.body_min_rate} bytes received (408)")
+    # fmt: on

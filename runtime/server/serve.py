@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.server.connection_limits import ConnectionLimits
+from runtime.server.connection_limits import ConnectionLimits, add_connection_arguments
 from runtime.startup import RUNTIME_IMPORTED, TIMELINE
 from runtime.threads import in_thread
 
@@ -61,22 +61,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--sagemaker", action="store_true", help="also serve SageMaker's /ping and /invocations")
     parser.set_defaults(run=run)
-
-
-def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    """Limits applied before a request reaches the app (runtime/server/connections.py)."""
-    default = ConnectionLimits()
-    group = parser.add_argument_group("connections")
-    # fmt: off
-    group.add_argument("--max-connections", type=int, default=default.max_connections,
-                       help="open connections at most (lowered to fit `ulimit -n`); beyond: idle ones close, else 503")
-    group.add_argument("--max-header-bytes", type=int, default=default.max_header_bytes,
-                       help="request heads above this get 431")
-    group.add_argument("--head-timeout", type=float, default=default.head_timeout,
-                       help="seconds a request head may take (408)")
-    group.add_argument("--body-timeout", type=float, default=default.body_timeout,
-                       help=f"seconds a body may take, plus one per {default.body_min_rate} bytes received (408)")
-    # fmt: on
 
 
 def uvicorn_config(app: Any, args: argparse.Namespace, **settings: Any) -> Any:
