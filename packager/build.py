@@ -162,7 +162,7 @@ def cached_quality(
     export: ExportResult, reference: ExportResult, budget: QualityBudget, measure: Callable[[], CandidateQuality]
 ) -> tuple[CandidateQuality, bool]:
     """`export`'s quality against `reference` under `budget`: `(figures, reused)`, `measure`d only when no build or
-    bench filed them yet (scripts/benchlib/quality.py reads the same entries)."""
+    bench filed them yet (packager/bench/quality.py reads the same entries)."""
     key = digest_of("quality", VERIFY_VERSION, export.key, reference.key, asdict(budget))
     data, reused = cached_json("quality", key, lambda: asdict(measure()))
     return CandidateQuality(**{**data, "failures": tuple(data["failures"])}), reused

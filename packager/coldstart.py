@@ -5,7 +5,7 @@ timeline (`runtime.startup`) from its log, so every phase lands on the exec → 
 interpreter, imports, bundle verification, session, tokenizer, snapshot restore, the first step. Runs
 of every variant and peer are interleaved round by round (the machine is shared: only ratios inside
 one run mean anything). Peers (onnxruntime-genai, llama-cpp-python) run in-process through the bench's
-own cold worker (`scripts/benchlib/coldstart.py`), which stamps import, load and first token the same way.
+own cold worker (`packager/bench/coldstart.py`), which stamps import, load and first token the same way.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -275,13 +274,3 @@ def _first_token(client: httpx.Client, probe: Probe) -> tuple[float, str]:
             if content:
                 return time.monotonic(), content
     raise RuntimeError("the stream carried no token")
-
-
-def benchlib_path() -> Path:
-    """The bench's helpers (`scripts/benchlib`) live in the source tree, beside the packager."""
-    scripts = Path(__file__).resolve().parents[1] / "scripts"
-    if not (scripts / "benchlib").is_dir():
-        raise FileNotFoundError(f"{scripts / 'benchlib'} is missing: `pkg bench` runs from a source checkout")
-    if str(scripts) not in sys.path:
-        sys.path.insert(0, str(scripts))
-    return scripts

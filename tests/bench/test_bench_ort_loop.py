@@ -9,11 +9,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-from benchlib.systems.base import PromptSpec, SystemConfig
-from benchlib.systems.ortloop import OrtLoopSystem
-
+from packager.bench.systems.base import PromptSpec, SystemConfig
+from packager.bench.systems.ortloop import OrtLoopSystem
 from runtime.bundle import open_bundle
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.request import GenerationRequest, SamplingParams
@@ -63,9 +60,9 @@ def test_the_bare_loop_decodes_the_engines_greedy_tokens_alone_and_in_a_static_b
 
 def test_the_prefill_section_pairs_rounds_on_real_workers(demo_bundle: Path, tmp_path: Path) -> None:
     """The prefill figures, measured by worker processes, render with a round-by-round ratio for each system."""
-    from benchlib import report, sections
-    from benchlib.pool import Worker
-    from benchlib.prompts import PromptFactory
+    from packager.bench import report, sections
+    from packager.bench.pool import Worker
+    from packager.bench.prompts import PromptFactory
 
     plan = sections.Plan(
         2, 8, 4, prefill_lengths=(16,), concurrency_levels=(1,), concurrency_prompt=8, concurrency_tokens=4

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import tokenizers
 from tokenizers import models, pre_tokenizers, processors
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-from benchlib.prompts import PREFIX_KEY, PromptFactory, PromptsUsedUp, source_text
+from packager.bench.prompts import PREFIX_KEY, PromptFactory, PromptsUsedUp, source_text
 
 
 def word_tokenizer() -> tokenizers.Tokenizer:

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-from benchlib import machine, pairing, report, targets
-from benchlib.sections import decode_rate
-from benchlib.stats import median_interval, percentile
+from packager.bench import machine, pairing, report, targets
+from packager.bench.sections import decode_rate
+from packager.bench.stats import median_interval, percentile
 
 
 def test_percentile_interpolates_between_order_statistics() -> None:

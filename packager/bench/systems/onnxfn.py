@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from benchlib.systems.base import (
+from packager.bench.systems.base import (
     MAX_CONTEXT,
     PromptSpec,
     StreamTiming,

@@ -14,10 +14,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from benchlib import embeddings, targets
-from benchlib.pairing import baseline_of, paired_interval
-from benchlib.stats import median
-from benchlib.systems import PROCESS_SNAPSHOT, VARIANTS
+from packager.bench import embeddings, targets
+from packager.bench.pairing import baseline_of, paired_interval
+from packager.bench.stats import median
+from packager.bench.systems import PROCESS_SNAPSHOT, VARIANTS
 
 BUSY_SHARE = 0.05  # other processes' share of CPU time above which the report warns
 # The footprint table's rows: one system per distinct artifact (the others share one of these).

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import onnxruntime_genai as og
 
-from benchlib.systems.base import PromptSpec, StreamTiming, SystemConfig, now, process_memory, timings_from_marks
+from packager.bench.systems.base import PromptSpec, StreamTiming, SystemConfig, now, process_memory, timings_from_marks
 
 
 class GenaiSystem:

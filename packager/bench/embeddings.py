@@ -1,6 +1,6 @@
 """The embedding figures: the minilm-embed bundle against sentence-transformers on PyTorch, same threads.
 
-    .venv/bin/python scripts/benchlib/embeddings.py [--quick] [--threads 2] [--out bench/embeddings]
+    .venv/bin/python -m packager.bench.embeddings [--quick] [--threads 2] [--out bench/embeddings]
 
 (or as the `embeddings` section of scripts/bench.py: `measure` fills `results["embeddings"]`, `render`
 turns it into the results.md section).
@@ -132,7 +132,8 @@ class _Worker:
         self.name = name
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
                "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", **extra_env}  # fmt: skip
-        command = [sys.executable, __file__, "--worker", system, str(model), str(bundle), str(threads)]
+        command = [sys.executable, "-m", "packager.bench.embeddings", "--worker", system, str(model), str(bundle),
+                   str(threads)]  # fmt: skip
         self._process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
         )
@@ -219,7 +220,7 @@ def measure_cold(bundle: Path, threads: int, repetitions: int) -> dict[str, Any]
 def _cold_onnxfn(bundle: Path, threads: int) -> tuple[str, dict[str, float]]:
     import httpx
 
-    from benchlib.serving import free_port, wait_ready
+    from packager.bench.serving import free_port, wait_ready
     from packager.processes import stop_process
     from runtime.bundle import read_manifest
 
@@ -316,5 +317,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path[:0] = [str(REPO), str(REPO / "scripts")]  # onnxfn's packages, and `benchlib` for its server helpers
     raise SystemExit(main())

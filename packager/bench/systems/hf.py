@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
-from benchlib.systems.base import PromptSpec, StreamTiming, SystemConfig, now, process_memory, timings_from_marks
+from packager.bench.systems.base import PromptSpec, StreamTiming, SystemConfig, now, process_memory, timings_from_marks
 
 
 class _TokenClock(StoppingCriteria):

@@ -7,19 +7,19 @@ from typing import Any
 
 # name -> (module, class). The SERVERS are reached over HTTP; the others run inside the worker.
 REGISTRY = {
-    "onnxfn": ("benchlib.systems.onnxfn", "OnnxfnSystem"),
-    "onnxfn-http": ("benchlib.systems.server", "ServerSystem"),
+    "onnxfn": ("packager.bench.systems.onnxfn", "OnnxfnSystem"),
+    "onnxfn-http": ("packager.bench.systems.server", "ServerSystem"),
     # The same server with `--decode throughput`: the prefill graph decodes too (EngineConfig.decode).
-    "onnxfn-http-throughput": ("benchlib.systems.server", "ServerSystem"),
-    "genai": ("benchlib.systems.genai", "GenaiSystem"),
+    "onnxfn-http-throughput": ("packager.bench.systems.server", "ServerSystem"),
+    "genai": ("packager.bench.systems.genai", "GenaiSystem"),
     # genai on the builder's int8 / int4 export of the function's source (models.GENAI_EXPORTS), not the bundle.
-    "genai-int8": ("benchlib.systems.genai", "GenaiSystem"),
-    "genai-int4": ("benchlib.systems.genai", "GenaiSystem"),
+    "genai-int8": ("packager.bench.systems.genai", "GenaiSystem"),
+    "genai-int4": ("packager.bench.systems.genai", "GenaiSystem"),
     # No engine at all: a bare ONNX Runtime loop over the same graph, the ceiling of a Python-driven engine.
-    "ort-loop": ("benchlib.systems.ortloop", "OrtLoopSystem"),
-    "llamacpp": ("benchlib.systems.llamacpp", "LlamaCppSystem"),
-    "llamacpp-server": ("benchlib.systems.server", "ServerSystem"),
-    "transformers": ("benchlib.systems.hf", "TransformersSystem"),
+    "ort-loop": ("packager.bench.systems.ortloop", "OrtLoopSystem"),
+    "llamacpp": ("packager.bench.systems.llamacpp", "LlamaCppSystem"),
+    "llamacpp-server": ("packager.bench.systems.server", "ServerSystem"),
+    "transformers": ("packager.bench.systems.hf", "TransformersSystem"),
 }
 SERVERS = ("onnxfn-http", "onnxfn-http-throughput", "llamacpp-server")
 # The `local` target's server resumed from a CRIU process snapshot: a cold-start row only.

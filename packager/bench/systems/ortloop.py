@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from benchlib.systems.base import PromptSpec, StreamTiming, SystemConfig, now, process_memory, timings_from_marks
+from packager.bench.systems.base import PromptSpec, StreamTiming, SystemConfig, now, process_memory, timings_from_marks
 from runtime.bundle import open_bundle
 from runtime.engine.session_build import SessionOptions, create_session
 

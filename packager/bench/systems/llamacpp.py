@@ -7,7 +7,7 @@ from collections.abc import Callable
 import llama_cpp
 from llama_cpp import Llama
 
-from benchlib.systems.base import (
+from packager.bench.systems.base import (
     MAX_CONTEXT,
     PromptSpec,
     StreamTiming,

@@ -9,10 +9,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchlib.prompts import Prompt
-from benchlib.systems.base import SystemConfig
+from packager.bench.prompts import Prompt
+from packager.bench.systems.base import SystemConfig
 
-WORKER = Path(__file__).resolve().parent / "worker.py"
+WORKER = ("-m", "packager.bench.worker")  # by module name: from a checkout or an installed wheel alike
 
 
 class WorkerError(RuntimeError):
@@ -25,7 +25,7 @@ class Worker:
         self.log_path = log_dir / f"{config.system}.log"
         self._log = self.log_path.open("ab")
         self._process = subprocess.Popen(
-            [config.python, str(WORKER), json.dumps(asdict(config))],
+            [config.python, *WORKER, json.dumps(asdict(config))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -72,6 +72,4 @@ class Worker:
 
 
 def worker_env(threads: int) -> dict[str, str]:
-    scripts_dir = str(Path(__file__).resolve().parent.parent)
-    path = os.pathsep.join(filter(None, [scripts_dir, os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path, "TOKENIZERS_PARALLELISM": "false"}
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}

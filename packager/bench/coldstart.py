@@ -16,13 +16,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benchlib.machine import drop_page_cache
-from benchlib.pool import WORKER, worker_env
-from benchlib.serving import free_port, launch, run_streams, wait_ready
-from benchlib.stats import median
-from benchlib.systems import SERVERS
-from benchlib.systems.base import SystemConfig, now, process_memory
-from benchlib.systems.server import SPECS
+from packager.bench.machine import drop_page_cache
+from packager.bench.pool import WORKER, worker_env
+from packager.bench.serving import free_port, launch, run_streams, wait_ready
+from packager.bench.stats import median
+from packager.bench.systems import SERVERS
+from packager.bench.systems.base import SystemConfig, now, process_memory
+from packager.bench.systems.server import SPECS
 from packager.processes import stop_process
 
 ENGINE_READY_LOG = re.compile(r"serving .* \(([\d.]+) s after start\)")
@@ -31,7 +31,7 @@ ENGINE_READY_LOG = re.compile(r"serving .* \(([\d.]+) s after start\)")
 def cold_in_process(config: SystemConfig, text: str) -> dict[str, Any]:
     exec_time = now()
     completed = subprocess.run(
-        [config.python, str(WORKER), json.dumps(asdict(config)), "--cold", repr(exec_time)],
+        [config.python, *WORKER, json.dumps(asdict(config)), "--cold", repr(exec_time)],
         input=text,
         capture_output=True,
         text=True,

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 
-from benchlib.systems.base import StreamTiming, now
+from packager.bench.systems.base import StreamTiming, now
 
 PR_SET_PDEATHSIG = 1
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchlib.stats import median
+from packager.bench.stats import median
 from runtime.engine.graphs import cpu_flags as runtime_cpu_flags
 
 PACKAGES = (

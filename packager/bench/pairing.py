@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchlib.stats import median_interval
-from benchlib.systems import SERVERS
+from packager.bench.stats import median_interval
+from packager.bench.systems import SERVERS
 
 
 def baseline_of(system: str) -> str:

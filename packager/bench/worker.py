@@ -1,7 +1,8 @@
 """One system under test in its own process, so threads, memory and start-up never mix between systems.
 
-    worker.py CONFIG_JSON            serve commands: one JSON object per stdin line, one reply per stdout line
-    worker.py CONFIG_JSON --cold T0  exec -> first token once, with phases (T0 = the parent's monotonic at exec)
+    python -m packager.bench.worker CONFIG_JSON            serve: one JSON command per stdin line, one reply per line
+    python -m packager.bench.worker CONFIG_JSON --cold T0  exec -> first token once, with phases
+                                                           (T0 = the parent's monotonic at exec)
 
 Libraries print to fd 1 (llama.cpp, transformers), so the protocol gets a private copy of stdout and
 fd 1 is pointed at stderr.
@@ -16,14 +17,10 @@ MAIN_STARTED = time.monotonic()
 import json  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 from typing import TextIO  # noqa: E402
 
-# Replace this file's own folder (whose module names could shadow the stdlib's) with the scripts folder.
-sys.path[0] = str(Path(__file__).resolve().parent.parent)
-
-from benchlib.systems import import_system  # noqa: E402
-from benchlib.systems.base import InProcessSystem, PromptSpec, System, SystemConfig  # noqa: E402
+from packager.bench.systems import import_system  # noqa: E402
+from packager.bench.systems.base import InProcessSystem, PromptSpec, System, SystemConfig  # noqa: E402
 
 
 def cold_start(config: SystemConfig, exec_time: float, text: str) -> dict[str, float]:

@@ -6,8 +6,8 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from benchlib.serving import ServerSpec, free_port, launch, run_streams, wait_ready
-from benchlib.systems.base import MAX_CONTEXT, PromptSpec, StreamTiming, SystemConfig, process_memory
+from packager.bench.serving import ServerSpec, free_port, launch, run_streams, wait_ready
+from packager.bench.systems.base import MAX_CONTEXT, PromptSpec, StreamTiming, SystemConfig, process_memory
 from packager.processes import stop_process
 from runtime.bundle import read_manifest
 
@@ -39,7 +39,7 @@ def onnxfn_server(config: SystemConfig, decode: str = "latency") -> ServerSpec:
 
 
 def llamacpp_server(config: SystemConfig) -> ServerSpec:
-    from benchlib.systems.llamacpp import end_tokens  # here: onnxfn's server specs never load llama.cpp
+    from packager.bench.systems.llamacpp import end_tokens  # here: onnxfn's server specs never load llama.cpp
 
     # The server has no ignore_eos: ban every token it would stop at instead.
     banned = end_tokens(config.gguf)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from benchlib.models import GENAI_EXPORTS, REFERENCE_PRECISION, BenchModel
+from packager.bench.models import GENAI_EXPORTS, REFERENCE_PRECISION, BenchModel
 from packager.build import cached_quality
 from packager.export.builder import ExportResult
 from packager.quantize import budget_of

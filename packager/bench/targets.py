@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from benchlib.pairing import paired_interval
-from benchlib.stats import median
+from packager.bench.pairing import paired_interval
+from packager.bench.stats import median
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from benchlib.machine import wait_until_quiet
-from benchlib.pool import Worker, WorkerError
-from benchlib.prompts import PromptFactory
-from benchlib.stats import median, percentile
+from packager.bench.machine import wait_until_quiet
+from packager.bench.pool import Worker, WorkerError
+from packager.bench.prompts import PromptFactory
+from packager.bench.stats import median, percentile
 
 WARMUP_ROUNDS = 1
 

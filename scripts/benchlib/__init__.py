@@ -1,1 +1,0 @@
-"""Building blocks of `scripts/bench.py`: workload, per-system workers, machine facts and the report."""
