@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -18,7 +19,14 @@ def run(command: list[str | Path], cwd: Path) -> subprocess.CompletedProcess[str
 
 
 def test_pkg_and_pkg_bench_run_from_an_installed_wheel(tmp_path: Path, demo_bundle: Path) -> None:
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", REPO],
+    # Built from a copy: setuptools writes build/lib inside the project, which is where `pkg build` puts functions,
+    # and a reused build/lib would carry modules since deleted into the wheel.
+    source = tmp_path / "source"
+    source.mkdir()
+    shutil.copy(REPO / "pyproject.toml", source / "pyproject.toml")
+    for package in ("packager", "runtime"):
+        shutil.copytree(REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", source],
         cwd=tmp_path)  # fmt: skip
     (wheel,) = (tmp_path / "dist").glob("onnxfn-*.whl")
     venv = tmp_path / "venv"
