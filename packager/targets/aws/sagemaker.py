@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -370,21 +371,7 @@ def _await_async(context: AwsContext, response: dict[str, Any]) -> dict[str, Any
 
 class SageMaker(AwsTarget):
     name = TARGET
-
-    def state_dir(self, spec: FunctionSpec) -> Path:
-        return state_dir(spec)
-
-    def plan(self, spec: FunctionSpec, progress: StepProgress) -> AwsPlan:
-        return plan(spec, progress=progress)
-
-    def apply(self, plan: AwsPlan, progress: StepProgress) -> AwsDeployment:
-        return apply(plan)
-
-    def status(self, spec: FunctionSpec) -> TargetStatus | None:
-        return status(spec)
-
-    def delete(self, spec: FunctionSpec) -> list[str] | None:
-        return destroy(spec)
+    steps = sys.modules[__name__]  # type: ignore[assignment]  # a module offering AwsTargetModule's functions
 
     def invoke(self, spec: FunctionSpec, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return invoke(spec, path, body)

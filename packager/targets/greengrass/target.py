@@ -13,6 +13,7 @@ nucleus installs the component: see docs/targets/edge.md.
 from __future__ import annotations
 
 import re
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,7 +30,8 @@ from packager.spec import FunctionSpec, GreengrassTarget
 from packager.targets.aws import common as aws
 from packager.targets.aws.common import AwsContext, AwsDeployment, AwsPlan, Driver, Resource
 from packager.targets.aws.resources import BucketDriver, bucket_name, bucket_resource
-from packager.targets.base import LogLine, Removal, Target, TargetStatus
+from packager.targets.aws.target import AwsTarget
+from packager.targets.base import LogLine, Target, TargetStatus
 from packager.targets.greengrass.drivers import (
     ArtifactDriver,
     ComponentDriver,
@@ -275,23 +277,9 @@ def _delete_artifacts(spec: FunctionSpec, context: AwsContext) -> list[str]:
     return deleted
 
 
-class Greengrass(Target):
+class Greengrass(AwsTarget):
     name = TARGET
-
-    def plan(self, spec: FunctionSpec, progress: StepProgress) -> AwsPlan:
-        return plan(spec, progress=progress)
-
-    def apply(self, plan: AwsPlan, progress: StepProgress) -> AwsDeployment:
-        return apply(plan)
-
-    def status(self, spec: FunctionSpec) -> TargetStatus | None:
-        return status(spec)
-
-    def destroy(self, spec: FunctionSpec) -> Removal | None:
-        deleted = destroy(spec)
-        if not deleted:
-            return None
-        return Removal(f"destroyed {spec.name} on {TARGET}: deleted {len(deleted)} resources", tuple(deleted))
+    steps = sys.modules[__name__]  # type: ignore[assignment]  # a module offering AwsTargetModule's functions
 
     def invoke(self, spec: FunctionSpec, path: str, body: dict[str, Any]) -> dict[str, Any]:
         settings = spec.targets.greengrass
@@ -304,3 +292,6 @@ class Greengrass(Target):
     ) -> Iterator[LogLine]:
         where = f"/greengrass/v2/logs/{component_name(spec)}.log"
         raise self.refuse("logs", f"the log is {where} on each core device (or in CloudWatch with LogManager)")
+
+    def emit_terraform(self, spec: FunctionSpec, out: Path, progress: StepProgress) -> list[Path]:
+        return Target.emit_terraform(self, spec, out, progress)  # no Terraform module for components yet
