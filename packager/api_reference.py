@@ -15,7 +15,8 @@ from runtime.bundle import CLASSIFICATION_TASK, EMBEDDING_TASK
 from runtime.engine.config import EngineConfig
 from runtime.events import schema as events_schema
 from runtime.server.connection_limits import ConnectionLimits
-from runtime.server.openapi import core_pieces, document
+from runtime.server.openapi import document
+from runtime.server.openapi_routes import core_pieces
 from runtime.server.protocol import RequestPolicy
 
 API_PAGE = Path(__file__).resolve().parents[1] / "docs" / "api.md"

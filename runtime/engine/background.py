@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -11,17 +10,15 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, TypeVar
 
 from runtime.engine.huge_pages import CollapseReport, collapse, merged, release_free_heap
-from runtime.threads import in_thread
+from runtime.threads import in_thread, lower_priority
 
-if TYPE_CHECKING:  # session_build.py imports this module
+if TYPE_CHECKING:
     from runtime.engine.session_build import SessionBuild
 
 log = logging.getLogger("runtime.engine")
 
 T = TypeVar("T")
 
-# 10, not 19: still ~10 % of a core against busy threads, so a loaded engine gets the work done in seconds.
-BACKGROUND_NICE = 10
 QUIET_S = 0.5  # idle this long before background work that slows requests (huge pages) goes on
 # ... but never wait longer than this for it: a loop busy from the start would otherwise keep the work
 # waiting forever, though each piece costs a running batch only milliseconds.
@@ -30,12 +27,6 @@ PATIENCE_S = 1.0
 # tokens decoded at 44-46 tok/s with the build starting 1 s into it, 50-52 with it waiting 5 s), so it waits
 # longer: a cold start's first reply, often seconds long, then runs alone.
 BUILD_PATIENCE_S = 5.0
-
-
-def lower_priority() -> None:
-    """Lower the calling thread's CPU priority (Linux nice values are per thread; threads it creates inherit it)."""
-    if hasattr(os, "setpriority"):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
 
 
 def run_in_background(work: Callable[[], T], name: str) -> Future[T]:

@@ -15,11 +15,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
+from runtime.engine.draft import DraftState
 from runtime.engine.kv_cache import KVPool, PrefixCache
 from runtime.engine.output import OutputProcessor
 from runtime.engine.request import EngineOverloadedError, GenerationRequest
 from runtime.engine.sampling import SequenceSampler
-from runtime.engine.speculative import DraftState
 
 
 class SequenceStatus(Enum):

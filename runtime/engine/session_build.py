@@ -16,11 +16,11 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.bundle import Bundle, ModelFacts
-from runtime.engine.background import lower_priority
 from runtime.engine.config import EngineConfig
 from runtime.engine.graphs import prefill_graph_path, prefill_graph_usable
 from runtime.engine.huge_pages import Interval, memory_map, subtract
 from runtime.engine.providers import plan_providers
+from runtime.threads import lower_priority
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ several new tokens per row with past context once the batch holds more than one 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,29 +36,6 @@ if TYPE_CHECKING:
     from runtime.engine.scheduler import SequenceState
 
 MAX_NGRAM = 3
-_EMA_WEIGHT = 0.3  # how much one verification moves a sequence's acceptance average
-_PROBATION = 4  # verifications before a sequence may be switched off
-_MIN_ACCEPTANCE = 0.5  # below this average a sequence stops drafting
-
-
-@dataclass
-class DraftState:
-    """One sequence's drafting record."""
-
-    enabled: bool = True
-    attempts: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    acceptance: float = 1.0  # moving average of accepted / drafted, optimistic until measured
-    prompt: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
-
-    def record(self, drafted: int, accepted: int) -> None:
-        self.attempts += 1
-        self.drafted += drafted
-        self.accepted += accepted
-        self.acceptance += _EMA_WEIGHT * (accepted / drafted - self.acceptance)
-        if self.attempts >= _PROBATION and self.acceptance < _MIN_ACCEPTANCE:
-            self.enabled = False
 
 
 def lookup_draft(tokens: np.ndarray, max_tokens: int) -> np.ndarray:

@@ -19,17 +19,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from runtime.server.chat import CLIENT_CLOSED
-from runtime.server.embeddings import task_routes
 from runtime.server.encoding import WireFormat
 from runtime.server.errors import APIError
 from runtime.server.metrics import PROMETHEUS_TYPE
-from runtime.server.openapi import core_pieces, document
+from runtime.server.openapi import document
+from runtime.server.openapi_routes import core_pieces
 from runtime.server.state import ServerSettings, ServerState, log
+from runtime.server.task_routes import Handler, task_routes
 
 if TYPE_CHECKING:
     from runtime.engine.engine import Engine
-
-Handler = Callable[[ServerState, Request, WireFormat], Awaitable[Response]]
 
 
 def create_app(

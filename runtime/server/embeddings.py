@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
-from runtime.bundle import CLASSIFICATION_TASK, EMBEDDING_TASK
 from runtime.engine.request import EngineOverloadedError
 from runtime.server.encoding import WireFormat, decode_body
 from runtime.server.errors import APIError, from_engine_error, invalid_param
@@ -39,7 +36,6 @@ if TYPE_CHECKING:  # a chat server never imports the encoder stack
 
 _FIELDS = frozenset(("model", "input", "encoding_format", "dimensions", "user", "truncate_prompt_tokens"))
 MAX_INPUTS = 2048  # OpenAI's limit per request
-Handler = Callable[[ServerState, Request, WireFormat], Awaitable[Response]]
 
 
 async def create_embeddings(state: ServerState, request: Request, wire: WireFormat) -> Response:
@@ -164,47 +160,3 @@ def _encode(vector: np.ndarray, encoding: str) -> list[float] | str:
     if encoding == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode()
     return vector.tolist()
-
-
-def task_routes(task: str, api: Callable[[str, Handler], Callable[[Request], Awaitable[Response]]]) -> list[Route]:
-    """The POST routes for a bundle of `task`; the other tasks' routes answer 400 naming the right endpoint."""
-    from runtime.server.chat import create_chat_completion
-    from runtime.server.classify import create_classification
-    from runtime.server.completions import create_completion
-
-    generation: dict[str, tuple[str, Handler]] = {
-        "chat": ("/v1/chat/completions", create_chat_completion),
-        "completions": ("/v1/completions", create_completion),
-    }
-    by_task: dict[str, tuple[str, dict[str, tuple[str, Handler]]]] = {
-        EMBEDDING_TASK: (
-            "an embedding model: use POST /v1/embeddings",
-            {"embeddings": ("/v1/embeddings", create_embeddings)},
-        ),
-        CLASSIFICATION_TASK: (
-            "a classification model: use POST /v1/classify",
-            {"classify": ("/v1/classify", create_classification)},
-        ),
-    }
-    what, served = by_task.get(
-        task, ("a generation model: use POST /v1/chat/completions or /v1/completions", generation)
-    )
-    refused = {
-        label: route for routes in (generation, *(r for _, r in by_task.values())) for label, route in routes.items()
-    }
-    refuse = _wrong_task(what)
-    return [Route(path, api(label, handler), methods=["POST"]) for label, (path, handler) in served.items()] + [
-        Route(path, api(label, refuse), methods=["POST"]) for label, (path, _) in refused.items() if label not in served
-    ]
-
-
-def _wrong_task(what: str) -> Handler:
-    async def refuse(state: ServerState, request: Request, wire: WireFormat) -> Response:
-        raise APIError(
-            400,
-            f"{state.policy.model_name} is {what}; {request.url.path} is not served",
-            param="model",
-            code="unsupported_endpoint",
-        )
-
-    return refuse

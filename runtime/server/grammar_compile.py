@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
@@ -26,24 +26,14 @@ from runtime.engine.constraints import plain_message
 from runtime.engine.grammar_cache import CompiledGrammar, GrammarError, Grammars
 from runtime.engine.request import EngineOverloadedError
 from runtime.server.errors import from_engine_error, invalid_param
-from runtime.server.tools import ToolRequest, check_schemas
+from runtime.server.structured_output import GrammarSource
+from runtime.server.tools import check_schemas
 
 if TYPE_CHECKING:
     from runtime.server.protocol import ChatRequest
     from runtime.server.state import ServerState
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class GrammarSource:
-    """What a request constrains its output with, as parsed: its grammar text is built on the grammar thread."""
-
-    param: str  # the field a refusal names: `response_format`, a `guided_*` key, or `tools`
-    build: Callable[[], str | None]  # the llguidance grammar; ValueError when the text cannot be read at all
-    # Checked function by function when unused (tool_choice "none": nothing compiles them) or to name the
-    # function at fault when the grammar fails.
-    tools: ToolRequest | None = None
 
 
 async def resolve_grammar(state: ServerState, parsed: ChatRequest) -> ChatRequest:

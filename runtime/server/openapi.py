@@ -300,20 +300,6 @@ def classify_piece(policy: RequestPolicy) -> RoutePiece:
     return RoutePiece({"/v1/classify": {"post": operation}}, schemas)
 
 
-def core_pieces(policy: RequestPolicy, task: str = "chat") -> list[RoutePiece]:
-    """The pieces of the routes `runtime/server/app.py` serves for a bundle of `task`."""
-    from runtime.bundle import CLASSIFICATION_TASK, EMBEDDING_TASK
-    from runtime.server.openapi_generation import chat_piece, completions_piece
-
-    if task == EMBEDDING_TASK:
-        served = [embeddings_piece(policy)]
-    elif task == CLASSIFICATION_TASK:
-        served = [classify_piece(policy)]
-    else:
-        served = [chat_piece(policy), completions_piece(policy)]
-    return [*served, models_piece(policy), probes_piece(policy)]
-
-
 def document(policy: RequestPolicy, pieces: Iterable[RoutePiece], *, auth: bool) -> dict[str, Any]:
     """The whole OpenAPI document; with `auth`, every operation not marked otherwise needs the bearer key."""
     paths: dict[str, dict[str, Any]] = {}

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any
 from runtime.engine.request import SamplingParams
 from runtime.server.errors import APIError, invalid_param
 from runtime.server.fields import BodyReader, show
-from runtime.server.grammar_compile import GrammarSource
-from runtime.server.structured_output import GUIDED, no_grammar, structured_output
+from runtime.server.structured_output import GUIDED, GrammarSource, no_grammar, structured_output
 from runtime.server.tools import ToolRequest, history_message, parse_tools, tool_grammar, with_tools_prompt
 
 if TYPE_CHECKING:

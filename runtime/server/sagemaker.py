@@ -22,8 +22,8 @@ from runtime.server.completions import create_completion
 from runtime.server.encoding import WireFormat, decode_body, dump_json, is_msgpack
 from runtime.server.errors import APIError
 from runtime.server.state import ServerState, read_body
+from runtime.server.task_routes import Handler
 
-Handler = Callable[[ServerState, Request, WireFormat], Awaitable[Response]]
 Wrap = Callable[[str, Handler], Callable[[Request], Awaitable[Response]]]
 
 

@@ -9,17 +9,28 @@ grammar (GBNF conversion is pure Python), validating and compiling it run on the
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from runtime.engine import constraints
 from runtime.server.errors import APIError, invalid_param
 from runtime.server.fields import BodyReader, show
-from runtime.server.grammar_compile import GrammarSource
-from runtime.server.tools import json_size
+from runtime.server.tools import ToolRequest, json_size
 
 GUIDED = ("guided_json", "guided_regex", "guided_grammar", "guided_choice")  # vLLM's spelling, via extra_body
 _FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "grammar")
+
+
+@dataclass(frozen=True)
+class GrammarSource:
+    """What a request constrains its output with, as parsed: its grammar text is built on the grammar thread."""
+
+    param: str  # the field a refusal names: `response_format`, a `guided_*` key, or `tools`
+    build: Callable[[], str | None]  # the llguidance grammar; ValueError when the text cannot be read at all
+    # Checked function by function when unused (tool_choice "none": nothing compiles them) or to name the
+    # function at fault when the grammar fails.
+    tools: ToolRequest | None = None
 
 
 def structured_output(reader: BodyReader, max_bytes: int) -> GrammarSource | None:

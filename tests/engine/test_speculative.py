@@ -16,6 +16,7 @@ import pytest
 
 from runtime.bundle import Bundle
 from runtime.engine.constraints import json_object_grammar
+from runtime.engine.draft import DraftState
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.graphs import graph_source, prefill_graph_file
 from runtime.engine.kv_cache import KVPool
@@ -23,7 +24,7 @@ from runtime.engine.request import FinishReason, GenerationRequest, SamplingPara
 from runtime.engine.scheduler import SequenceState
 from runtime.engine.session import DecoderSession
 from runtime.engine.session_build import SessionOptions, create_session
-from runtime.engine.speculative import DraftState, PromptLookup, lookup_draft
+from runtime.engine.speculative import PromptLookup, lookup_draft
 from runtime.engine.tokenizer import Tokenizer
 from tests.engine.conftest import chat_ids
 
