@@ -32,8 +32,8 @@ from packager.spec import FunctionSpec
 
 TARGET_CLASSES = {
     "local": "packager.targets.local.target:Local",
-    "aws-lambda": "packager.targets.aws.lambda_function:Lambda",
-    "aws-sagemaker": "packager.targets.aws.sagemaker:SageMaker",
+    "aws-lambda": "packager.targets.aws.targets:Lambda",
+    "aws-sagemaker": "packager.targets.aws.targets:SageMaker",
     "greengrass": "packager.targets.greengrass.target:Greengrass",
     "jetson": "packager.targets.jetson:Jetson",
 }

@@ -15,7 +15,6 @@ import base64
 import hashlib
 import json
 import shlex
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -50,7 +49,6 @@ from packager.targets.aws.resources import (
     image_registry,
     repository_resource,
 )
-from packager.targets.aws.target import AwsTarget
 from packager.targets.base import TargetStatus
 
 TARGET = "aws-lambda"
@@ -359,16 +357,3 @@ def decode_http_response(reply: dict[str, Any]) -> dict[str, Any]:
         message = body.get("error", {}).get("message") if isinstance(body, dict) else None
         raise UserError(f"the function answered {status_code}: {message or text[:300]}")
     return dict(body)
-
-
-class Lambda(AwsTarget):
-    name = TARGET
-    steps = sys.modules[__name__]  # type: ignore[assignment]  # a module offering AwsTargetModule's functions
-
-    def invoke(self, spec: FunctionSpec, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return invoke(spec, path, body)
-
-    def scaling(self, spec: FunctionSpec) -> tuple[int | str, int | str]:
-        settings = spec.targets.aws_lambda
-        ceiling = settings.reserved_concurrency
-        return settings.provisioned_concurrency, "account" if ceiling is None else ceiling

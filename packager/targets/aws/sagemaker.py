@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -52,7 +51,6 @@ from packager.targets.aws.sagemaker_drivers import (
     ScalableTargetDriver,
     ScalingPolicyDriver,
 )
-from packager.targets.aws.target import AwsTarget
 from packager.targets.base import TargetStatus
 
 TARGET = "aws-sagemaker"
@@ -367,14 +365,3 @@ def _await_async(context: AwsContext, response: dict[str, Any]) -> dict[str, Any
         time.sleep(2.0)
     raise UserError(f"no reply at {locations['output']} after {ASYNC_RESULT_TIMEOUT:.0f} s (an endpoint scaled to "
                     "zero takes minutes to start); it will still be written there")  # fmt: skip
-
-
-class SageMaker(AwsTarget):
-    name = TARGET
-    steps = sys.modules[__name__]  # type: ignore[assignment]  # a module offering AwsTargetModule's functions
-
-    def invoke(self, spec: FunctionSpec, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return invoke(spec, path, body)
-
-    def scaling(self, spec: FunctionSpec) -> tuple[int | str, int | str]:
-        return spec.targets.aws_sagemaker.min_instances, spec.targets.aws_sagemaker.max_instances

@@ -1,5 +1,5 @@
 """What the AWS-hosted targets share behind the `Target` contract: an `AwsPlan` of resources to create or
-update, an `AwsDeployment` record, destroy's list of deleted resources, the CloudWatch log group, Terraform.
+update, an `AwsDeployment` record, destroy's list of deleted resources and the CloudWatch log group.
 
 Each target keeps its steps as functions in its own module (`lambda_function`, `sagemaker`, `greengrass.target`);
 its class names that module, which must offer the functions of `AwsTargetModule`.
@@ -50,8 +50,3 @@ class AwsTarget(Target):
         return deployment_log(
             spec, self.name, self.steps.state_dir(spec), follow=follow, since_seconds=since_seconds, tail=tail
         )
-
-    def emit_terraform(self, spec: FunctionSpec, out: Path, progress: StepProgress) -> list[Path]:
-        from packager.targets.aws.terraform import emit_root_module  # it imports both AWS targets' modules
-
-        return emit_root_module(spec, self.name, out, progress=progress)

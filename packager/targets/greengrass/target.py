@@ -31,7 +31,7 @@ from packager.targets.aws import common as aws
 from packager.targets.aws.common import AwsContext, AwsDeployment, AwsPlan, Driver, Resource
 from packager.targets.aws.resources import BucketDriver, bucket_name, bucket_resource
 from packager.targets.aws.target import AwsTarget
-from packager.targets.base import LogLine, Target, TargetStatus
+from packager.targets.base import LogLine, TargetStatus
 from packager.targets.greengrass.drivers import (
     ArtifactDriver,
     ComponentDriver,
@@ -292,6 +292,3 @@ class Greengrass(AwsTarget):
     ) -> Iterator[LogLine]:
         where = f"/greengrass/v2/logs/{component_name(spec)}.log"
         raise self.refuse("logs", f"the log is {where} on each core device (or in CloudWatch with LogManager)")
-
-    def emit_terraform(self, spec: FunctionSpec, out: Path, progress: StepProgress) -> list[Path]:
-        return Target.emit_terraform(self, spec, out, progress)  # no Terraform module for components yet
