@@ -80,17 +80,12 @@ def _row(status: TargetStatus, spec: FunctionSpec) -> dict[str, object]:
         "endpoint": status.url,
         "bundle_digest": status.bundle_digest,
         "state": status.state,
-        "scaling": scaling_bounds(status.target, spec),
+        "scaling": target(status.target).scaling(spec),  # from the spec the deploy applied: (min, max)
         "last_deploy": _deployed_at(status),
         "uptime_seconds": status.uptime_seconds,
         "pid": status.pid,
         "detail": status.detail,
     }
-
-
-def scaling_bounds(target_name: str, spec: FunctionSpec) -> tuple[int | str, int | str]:
-    """How far the target scales, from the spec the deploy applied: (min, max) instances or environments."""
-    return target(target_name).scaling(spec)
 
 
 def _deployed_at(status: TargetStatus) -> float | None:

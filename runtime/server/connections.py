@@ -52,8 +52,6 @@ class ConnectionRegistry:
     def __init__(self, limits: ConnectionLimits) -> None:
         self.limits = limits
         self._idle: OrderedDict[GuardedHttpProtocol, float] = OrderedDict()
-        self.evicted = 0
-        self.refused = 0
         self._peak = 0  # connections open at once since memory was last handed back
 
     def opened(self, open_now: int) -> None:
@@ -80,7 +78,6 @@ class ConnectionRegistry:
                 return False
             self._idle.pop(connection)
             connection.transport.abort()  # nothing is in flight on an idle connection; frees its fd now
-            self.evicted += 1
             return True
         return False
 
@@ -104,7 +101,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._timer: asyncio.TimerHandle | None = None
         limits = self.registry.limits
         if len(self.connections) > limits.max_connections and not self.registry.make_room():
-            self.registry.refused += 1
             self._refuse(503, f"the server holds its limit of {limits.max_connections} connections; retry shortly",
                          code="too_many_connections", error_type="service_unavailable")  # fmt: skip
             return

@@ -8,11 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from packager.errors import UserError
+from packager.logs import POLL_SECONDS
 from packager.spec import FunctionSpec
 from packager.targets.aws import common as aws
 from packager.targets.base import LogLine
-
-POLL_SECONDS = 1.0
 
 
 def deployment_log(
