@@ -1,6 +1,6 @@
 """`docs/api.md`: the HTTP API rendered from the OpenAPI document the server publishes, plus the queue API.
 
-The HTTP part is generated from `runtime/server/openapi.py` (what `GET /openapi.json` serves) for each
+The HTTP part is generated from `runtime/http/openapi.py` (what `GET /openapi.json` serves) for each
 kind of bundle; `python -m packager.api_reference` rewrites the page, and a test fails when it is stale.
 """
 
@@ -11,13 +11,13 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from runtime.api.protocol import RequestPolicy
 from runtime.bundle import CLASSIFICATION_TASK, EMBEDDING_TASK
 from runtime.engine.config import EngineConfig
 from runtime.events import schema as events_schema
-from runtime.server.connection_limits import ConnectionLimits
-from runtime.server.openapi import document
-from runtime.server.openapi_routes import core_pieces
-from runtime.server.protocol import RequestPolicy
+from runtime.http.connection_limits import ConnectionLimits
+from runtime.http.openapi import document
+from runtime.http.openapi_routes import core_pieces
 
 API_PAGE = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 # The limits shown are the server's defaults (`python -m runtime serve --help` changes them).
@@ -83,7 +83,7 @@ def render() -> str:
 def _operation(method: str, path: str, operation: dict[str, Any], schemas: dict[str, Any]) -> list[str]:
     lines = [f"### `{method} {path}`", "", operation.get("summary", ""), ""]
     body = operation.get("requestBody", {}).get("content", {})
-    schema = next(iter(body.values()), {}).get("schema") if body else None
+    schema = next(iter(body.values())).get("schema") if body else None
     if schema:
         resolved = _resolve(schema, schemas)
         required = set(resolved.get("required", ()))

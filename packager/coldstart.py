@@ -1,7 +1,7 @@
 """Cold start, measured: fresh `python -m runtime serve` processes from exec to the first streamed chat token.
 
 Each run execs the server, polls `/ready`, streams one chat completion and reads the server's start-up
-timeline (`runtime.startup`) from its log, so every phase lands on the exec → first token timeline:
+timeline (`runtime.timeline`) from its log, so every phase lands on the exec → first token timeline:
 interpreter, imports, bundle verification, session, tokenizer, snapshot restore, the first step. Runs
 of every variant and peer are interleaved round by round (the machine is shared: only ratios inside
 one run mean anything). Peers (onnxruntime-genai, llama-cpp-python) run in-process through the bench's
@@ -24,7 +24,7 @@ import httpx
 
 from packager.processes import precompile_runtime, stop_process
 from packager.targets.local.server_process import alive, terminate
-from runtime.startup import parse_timeline
+from runtime.timeline import parse_timeline
 
 # Spans of the server's timeline reported as phases, in start-up order (spans on threads overlap).
 TIMELINE_PHASES = (

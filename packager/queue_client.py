@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from packager.errors import UserError
+from runtime.api.errors import APIError
 from runtime.events.schema import (
     REQUEST_ID_ATTRIBUTE,
     Reply,
@@ -26,7 +27,6 @@ from runtime.events.schema import (
     parse_s3_uri,
     read_message_body,
 )
-from runtime.server.errors import APIError
 
 _S3_POLL_SECONDS = 0.5
 

@@ -9,7 +9,7 @@ handler does); those on the command line come after them and win.
 
 from __future__ import annotations
 
-import runtime.startup  # noqa: F401  (first: its clock marks when the runtime began importing)
+import runtime.timeline  # noqa: F401  (first: its clock marks when the runtime began importing)
 
 # isort: split
 import argparse
@@ -17,7 +17,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-COMMANDS = {"serve": "runtime.server.serve", "worker": "runtime.events.command", "agent": "runtime.agent.command"}
+COMMANDS = {"serve": "runtime.http.serve", "worker": "runtime.events.command", "agent": "runtime.agent.command"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,8 +17,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.server.connection_limits import add_connection_arguments
-from runtime.server.serve import add_model_arguments, bind, uvicorn_config
+from runtime.http.connection_limits import add_connection_arguments
+from runtime.http.serve import bind, uvicorn_config
+from runtime.startup import add_model_arguments
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -52,7 +53,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from runtime.server.auth import AuthConfigError, load_api_key
+    from runtime.http.auth import AuthConfigError, load_api_key
 
     try:
         token = load_api_key(None, args.token_file)
@@ -83,7 +84,7 @@ def build_app(args: argparse.Namespace, token: str | None, api_key: str | None) 
     from runtime.agent.routes import agent_routes, control_app
     from runtime.agent.serving import ServingOptions, ServingSlot, load_serving
     from runtime.agent.uploads import UploadStore
-    from runtime.server.auth import BearerAuth
+    from runtime.http.auth import BearerAuth
 
     root = BundleRoot(args.bundle_root.resolve())
     root.prepare()

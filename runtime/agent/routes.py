@@ -28,8 +28,8 @@ from starlette.routing import Route
 from runtime.agent.install import Installer, InstallRefused
 from runtime.agent.layout import CURRENT, PREVIOUS
 from runtime.agent.uploads import ContentRange, UploadError, checked_id
-from runtime.server.auth import BearerAuth
-from runtime.server.errors import APIError
+from runtime.api.errors import APIError
+from runtime.http.auth import BearerAuth
 
 WRITE_BATCH = 1 << 20  # bytes gathered before one write, so the event loop is not stalled per network read
 LOCK_WAIT = 30.0  # seconds a chunk waits for the previous chunk of the same upload (a dead client's) to end

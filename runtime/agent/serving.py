@@ -1,6 +1,6 @@
 """The bundle being served: the runtime's own HTTP app over a fresh engine, swappable under live traffic.
 
-Each bundle gets its own app from `runtime.server.app.create_app` (the same routes, auth, errors and
+Each bundle gets its own app from `runtime.http.app.create_app` (the same routes, auth, errors and
 metrics as `python -m runtime serve`), built only after its engine passed a smoke generation. The slot
 routes every non-`/agent` request to whichever app is current when the request arrives; a swap is one
 attribute assignment, so no request is refused during it. The old app keeps the requests it already
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
+from runtime.api.errors import unavailable
 from runtime.bundle import Bundle
-from runtime.server.errors import unavailable
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -68,9 +68,9 @@ class ServingOptions:
 
 def load_serving(bundle: Bundle, options: ServingOptions) -> Serving:
     """Start a fresh engine for `bundle`, smoke-test it, and wrap it in the runtime's HTTP app."""
-    from runtime.server.app import create_app
-    from runtime.server.serve import engine_config, fingerprint, request_policy, start_engine
-    from runtime.server.state import ServerSettings
+    from runtime.http.app import create_app
+    from runtime.http.state import ServerSettings
+    from runtime.startup import engine_config, fingerprint, request_policy, start_engine
 
     args = options.args
     try:

@@ -1,1 +1,1 @@
-"""Queue invocation: the SQS worker, the Lambda handler, and the envelope and result contract they share."""
+"""The queue frontend: the SQS long-poll worker, and the envelope and result contract every queue shares."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.events.loading import add_aws_arguments
-from runtime.server.serve import add_model_arguments
+from runtime.startup import add_model_arguments
 
 if TYPE_CHECKING:
     from runtime.events.worker import Worker, WorkerStats
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     except BundleError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    engine = handler.state.require_engine()
+    engine = handler.service.require_engine()
     config = WorkerConfig(
         queue_url=args.queue_url,
         max_in_flight=args.max_in_flight or engine.config.max_batch,

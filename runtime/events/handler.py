@@ -17,19 +17,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from runtime.api.chat import collect_chat, submit_chat
+from runtime.api.classify import classification_body
+from runtime.api.completions import collect_completion, submit_completion
+from runtime.api.embeddings import embedding_body
+from runtime.api.errors import APIError
+from runtime.api.grammar_compile import resolve_grammar
+from runtime.api.protocol import parse_chat, parse_completion, unsupported
+from runtime.api.service import ModelService
 from runtime.bundle import GENERATION_TASKS
 from runtime.encoder.engine import EncoderEngine
 from runtime.engine.request import SamplingParams
 from runtime.events.results import ResultStore
 from runtime.events.schema import Envelope, MalformedMessage, QueueMessage, Reply, Result, decode_envelope
-from runtime.server.chat import collect_chat, submit_chat
-from runtime.server.classify import classification_body
-from runtime.server.completions import collect_completion, submit_completion
-from runtime.server.embeddings import embedding_body
-from runtime.server.errors import APIError
-from runtime.server.grammar_compile import resolve_grammar
-from runtime.server.protocol import parse_chat, parse_completion, unsupported
-from runtime.server.state import ServerState
 
 log = logging.getLogger("runtime.events")
 
@@ -48,8 +48,8 @@ class Handled:
 
 
 class QueueHandler:
-    def __init__(self, state: ServerState, results: ResultStore) -> None:
-        self.state = state
+    def __init__(self, service: ModelService, results: ResultStore) -> None:
+        self.service = service
         self.results = results
 
     async def handle(self, message: QueueMessage, *, left_engine: Callable[[], None] | None = None) -> Handled:
@@ -70,7 +70,7 @@ class QueueHandler:
 
     async def _handle(self, message: QueueMessage, left_engine: Callable[[], None]) -> Handled:
         try:
-            envelope = decode_envelope(message, self.state.policy.model_name)
+            envelope = decode_envelope(message, self.service.policy.model_name)
         except MalformedMessage as bad:
             left_engine()
             return await self._reject(message, bad.error, bad.request_id, bad.reply)
@@ -79,7 +79,7 @@ class QueueHandler:
             # A first delivery cannot have a result yet, unless a producer reused the request id; the
             # conditional write below keeps that case correct, so only redeliveries pay for the look-up.
             recorded = await asyncio.to_thread(self.results.recorded, reply) if message.receive_count > 1 else None
-            result = recorded or await generate(self.state, envelope)
+            result = recorded or await generate(self.service, envelope)
             left_engine()
             if _transient(result.status):
                 return Handled(Outcome.RETRY, reply.request_id, _message(result))
@@ -111,42 +111,42 @@ class QueueHandler:
         return Handled(Outcome.REJECTED, request_id, error.message)
 
 
-async def generate(state: ServerState, envelope: Envelope) -> Result:
+async def generate(service: ModelService, envelope: Envelope) -> Result:
     """The response body (or error body) the HTTP endpoint would return for the envelope's body."""
     try:
-        _check_kind(state, envelope.kind)
+        _check_kind(service, envelope.kind)
         if envelope.kind == "embedding":
-            body = await embedding_body(state, envelope.body)
+            body = await embedding_body(service, envelope.body)
         elif envelope.kind == "classification":
-            body = await classification_body(state, envelope.body)
+            body = await classification_body(service, envelope.body)
         elif envelope.kind == "chat":
-            chat = parse_chat(envelope.body, state.policy)
+            chat = parse_chat(envelope.body, service.policy)
             _refuse_stream(chat.stream)
             chat = dataclasses.replace(chat, sampling=seeded(chat.sampling, envelope.request_id))
-            chat = await resolve_grammar(state, chat)  # an unusable grammar is a stored 400, never a retry
-            generation, meta = submit_chat(state, chat)
+            chat = await resolve_grammar(service, chat)  # an unusable grammar is a stored 400, never a retry
+            generation, meta = submit_chat(service, chat)
             body = await collect_chat(generation, meta, chat)
         else:
-            completion = parse_completion(envelope.body, state.policy)
+            completion = parse_completion(envelope.body, service.policy)
             _refuse_stream(completion.stream)
             completion = dataclasses.replace(completion, sampling=seeded(completion.sampling, envelope.request_id))
-            generation, meta, echoes = submit_completion(state, completion)
+            generation, meta, echoes = submit_completion(service, completion)
             body = await collect_completion(generation, meta, completion, echoes)
     except APIError as err:
         return Result(envelope.request_id, err.status, err.body())
     return Result(envelope.request_id, 200, body)
 
 
-def _check_kind(state: ServerState, kind: str) -> None:
+def _check_kind(service: ModelService, kind: str) -> None:
     """Refuse a kind the bundle does not serve, as the HTTP routes do (`unsupported_endpoint`)."""
-    engine = state.require_engine()
+    engine = service.require_engine()
     served = (engine.task,) if isinstance(engine, EncoderEngine) else GENERATION_TASKS
     if kind in served:
         return
     serves = " or ".join(f"'{task}'" for task in served)
     raise APIError(
         400,
-        f"{state.policy.model_name} serves {serves} requests, not '{kind}': send kind {serves}",
+        f"{service.policy.model_name} serves {serves} requests, not '{kind}': send kind {serves}",
         param="kind",
         code="unsupported_endpoint",
     )

@@ -17,12 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
-
-    from runtime.bundle import Manifest
-    from runtime.engine.engine import Engine
     from runtime.events.handler import QueueHandler
     from runtime.events.results import ResultStore
+    from runtime.startup import LoadingModel
 
 
 FLAGS_ENV = "ONNXFN_FLAGS"
@@ -66,36 +63,28 @@ class PendingHandler:
     """A queue handler whose model is loading on a helper thread (see `begin_handler`)."""
 
     args: argparse.Namespace
-    manifest: Manifest
-    model: Future[Engine]
+    loading: LoadingModel
 
     def finish(self) -> QueueHandler:
-        """The handler: its state and AWS clients are built while the model loads, then the model is waited for."""
+        """The handler: its service and AWS clients are built while the model loads, then the model is waited for."""
+        from runtime.api.service import ModelService, ServiceSettings
         from runtime.events.handler import QueueHandler
-        from runtime.server.serve import fingerprint, request_policy
-        from runtime.server.state import ServerSettings, ServerState
-        from runtime.startup import TIMELINE
+        from runtime.startup import fingerprint, request_policy
+        from runtime.timeline import TIMELINE
 
-        policy = request_policy(self.args, self.manifest)
-        state = ServerState(ServerSettings(policy=policy, fingerprint=fingerprint(self.manifest)))
+        manifest = self.loading.manifest
+        policy = request_policy(self.args, manifest)
+        service = ModelService(ServiceSettings(policy=policy, fingerprint=fingerprint(manifest)))
         with TIMELINE.phase("aws_clients"):
             results = result_store(self.args)
-        state.engine = self.model.result()
-        return QueueHandler(state, results)
+        service.engine = self.loading.engine.result()
+        return QueueHandler(service, results)
 
 
 def begin_handler(bundle: Path, args: argparse.Namespace) -> PendingHandler:
-    """Start loading `bundle`'s model on a helper thread; return once its session has begun building.
+    """Start loading `bundle`'s model (`runtime.startup.begin_loading`); return once its session has begun
+    building, so the handler stack, mangum, boto3 and its clients (~0.4 s of a Lambda init) import and build
+    while it does."""
+    from runtime.startup import begin_loading
 
-    ONNX Runtime builds the session without the GIL, so whatever the caller imports and builds before
-    `finish` (the handler stack, mangum, boto3 and its clients: ~0.4 s of a Lambda init) overlaps the
-    build instead of coming before it.
-    """
-    from runtime.bundle import read_manifest
-    from runtime.server.serve import load_model, wait_for_session_start
-    from runtime.threads import in_thread
-
-    manifest = read_manifest(bundle)
-    model = in_thread(lambda: load_model(bundle, manifest, args), "onnxfn-engine-loader")
-    wait_for_session_start()
-    return PendingHandler(args, manifest, model)
+    return PendingHandler(args, begin_loading(bundle, args))

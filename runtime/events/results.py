@@ -29,6 +29,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from runtime.api.encoding import decode_body
+from runtime.api.errors import APIError
 from runtime.events.schema import (
     REQUEST_ID_ATTRIBUTE,
     QueueMessage,
@@ -40,8 +42,6 @@ from runtime.events.schema import (
     media_type,
     message_body,
 )
-from runtime.server.encoding import decode_body
-from runtime.server.errors import APIError
 
 # S3 answers 409 while another conditional write of the same key is in progress; it says to retry.
 _CONFLICT_RETRIES = 5

@@ -24,9 +24,9 @@ from typing import Any, Literal
 
 import msgpack
 
-from runtime.server.encoding import JSON_TYPE, MSGPACK_TYPE, check_text, decode_body, dump_json, is_msgpack
-from runtime.server.errors import APIError
-from runtime.server.fields import show
+from runtime.api.encoding import JSON_TYPE, MSGPACK_TYPE, check_text, decode_body, dump_json, is_msgpack
+from runtime.api.errors import APIError
+from runtime.api.fields import show
 
 CONTENT_TYPE_ATTRIBUTE = "content-type"
 REQUEST_ID_ATTRIBUTE = "request-id"

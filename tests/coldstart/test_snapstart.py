@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import snapshot_restore_py
 
+from runtime.aws_lambda import snapstart
 from runtime.bundle import Bundle
 from runtime.engine.engine import Engine
-from runtime.events import snapstart
 from tests.coldstart.conftest import SMALL
 
 

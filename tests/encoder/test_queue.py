@@ -13,7 +13,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from runtime.events import lambda_handler
+from runtime.aws_lambda import handler as lambda_handler
 from tests.encoder.conftest import CLASSIFY_FUNCTION, ClassifierBuild
 from tests.encoder.test_classify import torch_probabilities
 from tests.events.conftest import LambdaContext, Queues, make_queues

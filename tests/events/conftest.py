@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
+from runtime.api.protocol import RequestPolicy
+from runtime.aws_lambda import handler as lambda_handler
 from runtime.bundle import open_bundle, read_manifest
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.reports import StepReport
-from runtime.events import lambda_handler
 from runtime.events.handler import QueueHandler
 from runtime.events.results import Ledger, ResultStore
 from runtime.events.schema import Result, message_body
-from runtime.server.protocol import RequestPolicy
-from runtime.server.state import ServerSettings, ServerState
+from runtime.http.state import ServerSettings, ServerState
 from tests.fixtures.moto_server import MotoServer, aws_env, moto_server  # noqa: F401  (fixtures)
 
 MAX_BATCH = 8

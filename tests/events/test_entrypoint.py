@@ -15,7 +15,7 @@ import pytest
 from packager.image.app_layer import render_entrypoint
 from packager.processes import stop_process
 from packager.targets.aws.lambda_function import decode_http_response, function_url_event
-from runtime.events.lambda_handler import RUNTIME_API_ENV
+from runtime.aws_lambda.handler import RUNTIME_API_ENV
 from tests.deploy_aws.lambda_service import running_lambda_service
 from tests.events.conftest import Queues, chat_envelope
 from tests.events.test_lambda_handler import s3_reply
@@ -92,7 +92,7 @@ def test_lambda_mode_refuses_arguments(entrypoint: Path, aws_env: dict[str, str]
 
 
 def test_lambda_flags_are_checked_with_a_precise_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from runtime.events.lambda_handler import lambda_arguments
+    from runtime.aws_lambda.handler import lambda_arguments
 
     with pytest.raises(ValueError, match=r"\$ONNXFN_FLAGS: argument --max-batch: invalid int value: 'many'"):
         lambda_arguments(["--max-batch", "many"])

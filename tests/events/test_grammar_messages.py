@@ -1,6 +1,6 @@
 """Issue 37 rows 2 and 3 as SQS messages: a grammar refusal is a stored 400 and a rejection, never a retry.
 
-The queue parses and compiles with the HTTP handlers' code (server/grammar_compile.py), so an unusable
+The queue parses and compiles with the HTTP handlers' code (api/grammar_compile.py), so an unusable
 grammar ends as it does over HTTP: its 400 is written to `reply_to` and the ledger, and the message is
 reported failed for the DLQ instead of going back to the queue as a crash would.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from runtime.events.sqs_batch import process_sqs_batch
+from runtime.aws_lambda.sqs_batch import process_sqs_batch
 from tests.events.conftest import EngineUnderTest, Queues, chat_envelope, queue_handler
 from tests.events.test_lambda_handler import failures, lambda_event, receive_all, s3_reply
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from runtime.events.sqs_batch import process_sqs_batch
+from runtime.aws_lambda.sqs_batch import process_sqs_batch
 from tests.events.conftest import EngineUnderTest, Queues, queue_handler
 from tests.events.test_lambda_handler import failures, lambda_event, receive_all
 from tests.reliability.hostile_corpus import CASES

@@ -13,19 +13,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runtime.events.lambda_handler import BUNDLE_ENV, FLAGS_ENV
+from runtime.aws_lambda.handler import BUNDLE_ENV, FLAGS_ENV
 from tests.encoder.conftest import ClassifierBuild
 from tests.encoder.conftest import classifier_build as classifier_build  # (fixture)
 
 # What the handler module must not import itself: the stack that now imports while the session builds.
-HEAVY = ("runtime.events.lambda_function", "runtime.events.handler", "mangum", "starlette", "boto3")
+HEAVY = ("runtime.aws_lambda.function", "runtime.events.handler", "mangum", "starlette", "boto3")
 
 INIT = """
 import json, sys
-from runtime.events import lambda_handler
+from runtime.aws_lambda import handler as lambda_handler
 imported_first = sorted(m for m in {heavy!r} if m in sys.modules)
 function = lambda_handler.loaded_function()
-from runtime.startup import TIMELINE
+from runtime.timeline import TIMELINE
 print(json.dumps({{"imported_first": imported_first, "spans": TIMELINE.to_json()["spans"]}}))
 function.shutdown()
 """

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from runtime.events.lambda_handler import handler
-from runtime.events.sqs_batch import is_sqs_batch, process_sqs_batch
+from runtime.aws_lambda.handler import handler
+from runtime.aws_lambda.sqs_batch import is_sqs_batch, process_sqs_batch
 from tests.events.conftest import EngineUnderTest, LambdaContext, Queues, chat_envelope, queue_handler
 
 

@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from packager.targets.aws.lambda_function import decode_http_response, function_url_event
-from runtime.events import lambda_handler
-from runtime.events.lambda_handler import handler
+from runtime.aws_lambda import handler as lambda_handler
+from runtime.aws_lambda.handler import handler
 from tests.events.conftest import LAMBDA_MODEL, LambdaContext, Queues, chat_envelope
 from tests.events.test_lambda_handler import lambda_event, receive_all, s3_reply
 

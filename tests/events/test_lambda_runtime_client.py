@@ -18,13 +18,13 @@ import pytest
 
 from packager.processes import stop_process
 from packager.targets.aws.lambda_function import decode_http_response, function_url_event
-from runtime.events.lambda_handler import BUNDLE_ENV, FLAGS_ENV, RUNTIME_API_ENV
-from runtime.events.snapstart import INIT_TYPE_ENV
+from runtime.aws_lambda.handler import BUNDLE_ENV, FLAGS_ENV, RUNTIME_API_ENV
+from runtime.aws_lambda.snapstart import INIT_TYPE_ENV
 from tests.deploy_aws.lambda_service import LambdaService, running_lambda_service
 from tests.events.conftest import LAMBDA_MODEL, Queues, chat_envelope
 from tests.events.test_lambda_handler import lambda_event, receive_all, s3_reply
 
-HANDLER = "runtime.events.lambda_handler.handler"
+HANDLER = "runtime.aws_lambda.handler.handler"
 
 
 def invoke(service: LambdaService, event: dict[str, object]) -> tuple[str | None, dict[str, object]]:

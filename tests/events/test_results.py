@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from runtime.api.errors import APIError
 from runtime.events.results import Ledger, ResultStore
 from runtime.events.schema import QueueMessage, Reply, Result, S3Target, SQSTarget
-from runtime.server.errors import APIError
 from tests.events.conftest import Queues, make_queues
 from tests.fixtures.moto_server import MotoServer
 

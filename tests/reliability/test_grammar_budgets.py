@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
+from runtime.api.protocol import RequestPolicy
 from runtime.engine.config import EngineConfig
-from runtime.server.protocol import RequestPolicy
 from tests.reliability.live import LiveServer, live_server
 
 pytestmark = pytest.mark.real_model

@@ -13,8 +13,8 @@ import httpx
 import msgpack
 import pytest
 
-from runtime.server.encoding import MAX_DEPTH, decode_body
-from runtime.server.errors import APIError
+from runtime.api.encoding import MAX_DEPTH, decode_body
+from runtime.api.errors import APIError
 from tests.reliability.conftest import MAX_BATCH, MAX_BODY_BYTES, MAX_CONTEXT, MAX_TOKENS_LIMIT, assert_serves
 from tests.reliability.hostile_corpus import CASES, VALID_PAIR, HostileCase
 from tests.reliability.live import LiveServer

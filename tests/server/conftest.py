@@ -14,12 +14,12 @@ import httpx
 import pytest
 import uvicorn
 
+from runtime.api.protocol import RequestPolicy
 from runtime.bundle import read_manifest
 from runtime.engine.engine import Engine, EngineConfig
-from runtime.server.app import create_app
-from runtime.server.protocol import RequestPolicy
-from runtime.server.serve import start_engine
-from runtime.server.state import ServerSettings, ServerState
+from runtime.http.app import create_app
+from runtime.http.state import ServerSettings, ServerState
+from runtime.startup import start_engine
 
 API_KEY = "test-key-0123456789"
 MAX_CONTEXT = 256

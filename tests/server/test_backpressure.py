@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from runtime.engine.engine import EngineConfig
-from runtime.server.state import ServerSettings
+from runtime.http.state import ServerSettings
 from tests.server.conftest import RunningServer, engine_loader, policy_for, serve_in_thread
 
 pytestmark = pytest.mark.real_model

@@ -8,10 +8,11 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from runtime.api.encoding import decode_body
+from runtime.api.errors import APIError, from_engine_error
 from runtime.engine.request import EngineOverloadedError, InvalidRequestError
-from runtime.server.auth import AuthConfigError, BearerAuth, load_api_key
-from runtime.server.encoding import WireFormat, decode_body
-from runtime.server.errors import APIError, from_engine_error
+from runtime.http.auth import AuthConfigError, BearerAuth, load_api_key
+from runtime.http.wire import WireFormat
 
 
 def test_bodies_decode_by_content_type() -> None:

@@ -16,7 +16,7 @@ from packager.progress import StepProgress
 from packager.spec import load_spec
 from runtime.bundle import Bundle, open_bundle
 from runtime.engine.engine import EngineConfig
-from runtime.server.state import ServerSettings
+from runtime.http.state import ServerSettings
 from tests.conftest import REPO
 from tests.server.conftest import API_KEY, RunningServer, engine_loader, policy_for, serve_in_thread
 

@@ -1,4 +1,4 @@
-"""Waiting for a grammar off the event loop (server/grammar_compile.py): a slow compile is a 400, a busy
+"""Waiting for a grammar off the event loop (api/grammar_compile.py): a slow compile is a 400, a busy
 compiler a 429, and the event loop runs on meanwhile. Real grammar threads, timed with real sleeps."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from runtime.api.errors import APIError
+from runtime.api.grammar_compile import _wait_for_grammar_thread
 from runtime.engine.grammar_cache import GrammarBudget, Grammars
-from runtime.server.errors import APIError
-from runtime.server.grammar_compile import _wait_for_grammar_thread
 
 LIMIT_S = 0.2
 

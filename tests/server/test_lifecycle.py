@@ -17,11 +17,11 @@ from starlette.testclient import TestClient
 
 from packager.runtime_flags import server_flags
 from packager.spec import load_spec
+from runtime.api.protocol import RequestPolicy
 from runtime.bundle import MANIFEST_NAME, Manifest, file_digest, manifest_bytes, read_manifest
-from runtime.server.app import create_app
-from runtime.server.protocol import RequestPolicy
-from runtime.server.serve import add_model_arguments, engine_config
-from runtime.server.state import ServerSettings
+from runtime.http.app import create_app
+from runtime.http.state import ServerSettings
+from runtime.startup import add_model_arguments, engine_config
 from tests.conftest import DEMO_FUNCTION
 
 POLICY = RequestPolicy(model_name="fn", vocab_size=100)

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from runtime.server.errors import APIError
-from runtime.server.protocol import RequestPolicy, parse_chat, parse_completion
+from runtime.api.errors import APIError
+from runtime.api.protocol import RequestPolicy, parse_chat, parse_completion
 
 POLICY = RequestPolicy(
     model_name="fn",

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from runtime.server.tools import Function, ToolCall, ToolCallParser, ToolRequest, split_output, tool_grammar
+from runtime.api.tools import Function, ToolCall, ToolCallParser, ToolRequest, split_output, tool_grammar
 
 WEATHER = Function(
     "get_weather", None, {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}, False
