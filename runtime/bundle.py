@@ -115,6 +115,13 @@ class Manifest:
     encoder: EncoderFacts | None = None
 
     @property
+    def precision(self) -> str:
+        """How the bundle's weights are stored (`gguf`, `int4`, `int8`, `fp32`), decoder or encoder alike."""
+        facts = self.model or self.encoder
+        assert facts is not None, "a manifest describes a decoder or an encoder"  # read_manifest checks it
+        return facts.precision
+
+    @property
     def digest(self) -> str:
         """A digest of the whole bundle: the manifest pins every file's hash."""
         return "sha256:" + hashlib.sha256(manifest_bytes(self.to_json())).hexdigest()

@@ -106,6 +106,8 @@ def incompatibility(
         return f"computed by {info.prompt_graph}, this engine prefills through {prompt_graph}"
     if model is None or model.sha256 != info.model_sha256:
         return "made for a different model file"
+    if manifest.model is None:
+        return "the bundle has no decoder"
     if info.kv_dtype != manifest.model.kv_dtype:
         return f"KV dtype {info.kv_dtype}, the model's is {manifest.model.kv_dtype}"
     return None

@@ -238,6 +238,6 @@ class Installer:
             "function": manifest.function,
             "digest": manifest.digest,
             "spec_digest": manifest.spec_digest,
-            "precision": manifest.model.precision,
+            "precision": manifest.precision,
             "installed_at": path.stat().st_mtime,
         }

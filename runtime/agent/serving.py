@@ -107,7 +107,8 @@ def smoke_test(engine: Engine, bundle: Bundle, timeout: float) -> None:
 
     tokenizer = engine.tokenizer
     text = SMOKE_PROMPT
-    if bundle.manifest.model.chat_template:
+    model = bundle.manifest.model
+    if model is not None and model.chat_template:
         text = tokenizer.apply_chat_template([{"role": "user", "content": SMOKE_PROMPT}])
     request = GenerationRequest(
         f"agent-smoke-{uuid.uuid4().hex[:8]}",

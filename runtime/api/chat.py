@@ -107,7 +107,7 @@ async def collect_chat(generation: Generation, meta: ResponseMeta, parsed: ChatR
                 finish[output.index] = output.finish_reason.value
     finally:
         generation.cancel()
-    choices = [
+    choices: list[dict[str, Any]] = [
         {
             "index": i,
             "message": _message("".join(texts[i]), parsed),

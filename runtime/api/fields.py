@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 from runtime.api.errors import invalid_param
 
@@ -59,6 +59,10 @@ class BodyReader:
     def _fail(self, key: str, expected: str) -> Exception:
         return invalid_param(self.name(key), f"{show(self._body[key])} is not valid for '{self.name(key)}': {expected}")
 
+    @overload
+    def string(self, key: str, *, required: Literal[True]) -> str: ...
+    @overload
+    def string(self, key: str, *, required: bool = False) -> str | None: ...
     def string(self, key: str, *, required: bool = False) -> str | None:
         value = self._body.get(key)
         if value is None:

@@ -23,7 +23,11 @@ log = logging.getLogger("runtime.aws_lambda")
 
 def is_sqs_batch(event: Any) -> bool:
     records = event.get("Records") if isinstance(event, dict) else None
-    return bool(records) and all(isinstance(r, dict) and r.get("eventSource") == "aws:sqs" for r in records)
+    return (
+        isinstance(records, list)
+        and bool(records)
+        and all(isinstance(r, dict) and r.get("eventSource") == "aws:sqs" for r in records)
+    )
 
 
 def process_sqs_batch(

@@ -19,7 +19,7 @@ import numpy as np
 
 from runtime.engine.request import EngineOverloadedError
 
-Embed = Callable[[list[Sequence[int]]], np.ndarray]
+Embed = Callable[[Sequence[Sequence[int]]], np.ndarray]
 
 
 @dataclass
@@ -73,7 +73,9 @@ class LengthBatcher:
                 raise RuntimeError("the encoder is shut down")
             if self._jobs >= self._max_queue:
                 # A forward of a few rows takes milliseconds; a second is ample for the queue to drain.
-                raise EngineOverloadedError(f"{self._jobs} requests are waiting (the limit); retry shortly", 1.0)
+                raise EngineOverloadedError(
+                    f"{self._jobs} requests are waiting (the limit); retry shortly", retry_after=1.0
+                )
             self._jobs += 1
             self._pending.extend(_Row(job, i) for i in range(len(rows)))
             self._wake.notify()

@@ -1,6 +1,6 @@
-"""One queue message through the engine: the HTTP handlers' contract, with the result stored instead of returned.
+"""One queue message through the engine: the HTTP endpoints' contract, with the result stored instead of returned.
 
-The request body is validated and answered by the same functions as `POST /v1/chat/completions`,
+The request body is validated and answered by the same `runtime.api` functions as `POST /v1/chat/completions`,
 `POST /v1/completions`, `POST /v1/embeddings` and `POST /v1/classify`, so a body that gets a 200 over HTTP
 gets the same object on the queue, and one that gets a 4xx gets the same error (a kind the bundle does
 not serve is the HTTP server's `unsupported_endpoint`). What the frontends (worker, Lambda) do with each

@@ -1,4 +1,4 @@
-"""Build a started `QueueHandler` from flags: the engine, the HTTP handlers' state, and the AWS clients.
+"""Build a started `QueueHandler` from flags: the model (through `runtime.startup`), its service, the AWS clients.
 
 The AWS endpoint is configuration, never code: boto3 reads `AWS_ENDPOINT_URL` (and the per-service
 `AWS_ENDPOINT_URL_SQS` / `_S3`) from the environment, and `--endpoint-url` overrides it.
