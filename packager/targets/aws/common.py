@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -305,15 +306,13 @@ def apply_plan(plan: AwsPlan) -> AwsDeployment:
         driver, resource = plan.drivers[change.resource.kind], change.resource
         step = f"{change.action} {resource.kind} {resource.name}"
         if change.action == "create":
-            _run_step(plan, deployment, step, lambda d=driver, r=resource: d.create(plan.context, r))
+            _run_step(plan, deployment, step, partial(driver.create, plan.context, resource))
         else:
-            _run_step(
-                plan, deployment, step, lambda d=driver, r=resource, c=change: d.update(plan.context, r, c.fields)
-            )
+            _run_step(plan, deployment, step, partial(driver.update, plan.context, resource, change.fields))
         changed += 1
     for stale in plan.removals:
         step = f"delete {stale.kind} {stale.name}"
-        _run_step(plan, deployment, step, lambda r=stale: plan.drivers[r.kind].delete(plan.context, r.name))
+        _run_step(plan, deployment, step, partial(plan.drivers[stale.kind].delete, plan.context, stale.name))
         changed += 1
     final = AwsDeployment(
         **{

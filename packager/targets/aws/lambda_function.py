@@ -18,6 +18,7 @@ import shlex
 import time
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -270,22 +271,23 @@ def status(spec: FunctionSpec) -> TargetStatus | None:
     if deployment is None:
         return None
     context = aws.connect(TARGET, deployment.region, deployment.endpoint_url)
-    base = {"target": TARGET, "url": deployment.url, "bundle_digest": deployment.bundle_digest,
-            "deployment": deployment}  # fmt: skip
+    row = partial(
+        TargetStatus, target=TARGET, url=deployment.url, bundle_digest=deployment.bundle_digest, deployment=deployment
+    )
     if deployment.outcome == "failed":
-        return TargetStatus(**base, state="failed", detail=f"the last deploy stopped at: {deployment.failed_step}")
+        return row(state="failed", detail=f"the last deploy stopped at: {deployment.failed_step}")
     with aws.aws_errors(context, f"read Lambda function {deployment.function}"):
         try:
             config = context.client("lambda").get_function_configuration(FunctionName=deployment.function)
         except context.client("lambda").exceptions.ResourceNotFoundException:
-            return TargetStatus(**base, state="missing", detail="the function no longer exists in AWS; deploy again")
+            return row(state="missing", detail="the function no longer exists in AWS; deploy again")
     state, update = config.get("State"), config.get("LastUpdateStatus")
     if state == "Failed" or update == "Failed":
         reason = config.get("StateReason") or config.get("LastUpdateStatusReason") or "no reason given"
-        return TargetStatus(**base, state="failed", detail=f"Lambda reports: {reason}")
+        return row(state="failed", detail=f"Lambda reports: {reason}")
     if state == "Pending" or update == "InProgress":
-        return TargetStatus(**base, state="updating", detail=f"Lambda state {state}, last update {update}")
-    return TargetStatus(**base, state="ready")
+        return row(state="updating", detail=f"Lambda state {state}, last update {update}")
+    return row(state="ready")
 
 
 def destroy(spec: FunctionSpec) -> list[str] | None:

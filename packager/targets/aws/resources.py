@@ -79,12 +79,12 @@ class BucketDriver:
             names = ("BlockPublicAcls", "IgnorePublicAcls", "BlockPublicPolicy", "RestrictPublicBuckets")
             s3.put_public_access_block(Bucket=name, PublicAccessBlockConfiguration=dict.fromkeys(names, flag))
         if "noncurrent_days" in fields:
-            rule = {
+            expiry = {
                 "ID": "expire-old-versions", "Status": "Enabled", "Filter": {"Prefix": ""},
                 "NoncurrentVersionExpiration": {"NoncurrentDays": settings["noncurrent_days"]},
                 "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 7},
             }  # fmt: skip
-            s3.put_bucket_lifecycle_configuration(Bucket=name, LifecycleConfiguration={"Rules": [rule]})
+            s3.put_bucket_lifecycle_configuration(Bucket=name, LifecycleConfiguration={"Rules": [expiry]})
         if "tags" in fields:
             s3.put_bucket_tagging(Bucket=name, Tagging={"TagSet": tag_list(settings["tags"])})
 

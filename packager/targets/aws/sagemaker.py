@@ -17,6 +17,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -282,17 +283,18 @@ def status(spec: FunctionSpec) -> TargetStatus | None:
         return None
     context = aws.connect(TARGET, deployment.region, deployment.endpoint_url)
     names = Names.of(spec.name, context)
-    base = {"target": TARGET, "url": deployment.url, "bundle_digest": deployment.bundle_digest,
-            "deployment": deployment}  # fmt: skip
+    row = partial(
+        TargetStatus, target=TARGET, url=deployment.url, bundle_digest=deployment.bundle_digest, deployment=deployment
+    )
     if deployment.outcome == "failed":
-        return TargetStatus(**base, state="failed", detail=f"the last deploy stopped at: {deployment.failed_step}")
+        return row(state="failed", detail=f"the last deploy stopped at: {deployment.failed_step}")
     client = context.client("sagemaker")
     with aws.aws_errors(context, f"read SageMaker endpoint {names.endpoint}"):
         endpoint = aws.if_exists(
             lambda: client.describe_endpoint(EndpointName=names.endpoint), lambda exc: "Could not find" in str(exc)
         )
         if endpoint is None:
-            return TargetStatus(**base, state="missing", detail="the endpoint no longer exists in AWS; deploy again")
+            return row(state="missing", detail="the endpoint no longer exists in AWS; deploy again")
     state = {"InService": "ready", "Creating": "starting", "Updating": "updating", "SystemUpdating": "updating",
              "Failed": "failed"}.get(endpoint["EndpointStatus"], "unresponsive")  # fmt: skip
     variants = endpoint.get("ProductionVariants") or [{}]
@@ -300,7 +302,7 @@ def status(spec: FunctionSpec) -> TargetStatus | None:
     detail = (f"{endpoint['EndpointStatus']}: {endpoint.get('FailureReason', '')}" if state == "failed" else
               f"{variants[0].get('CurrentInstanceCount', '?')} instance(s), scaling "
               f"{settings.min_instances}-{settings.max_instances}")  # fmt: skip
-    return TargetStatus(**base, state=state, detail=detail)
+    return row(state=state, detail=detail)
 
 
 def destroy(spec: FunctionSpec) -> list[str] | None:

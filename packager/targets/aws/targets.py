@@ -4,12 +4,12 @@ contract, and both as a Terraform root module (`terraform`, which reads the same
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from packager.progress import StepProgress
 from packager.spec import FunctionSpec
 from packager.targets.aws import lambda_function, sagemaker
-from packager.targets.aws.target import AwsTarget
+from packager.targets.aws.target import AwsTarget, AwsTargetModule
 from packager.targets.aws.terraform import emit_root_module
 
 
@@ -20,7 +20,7 @@ class _Terraformed(AwsTarget):
 
 class Lambda(_Terraformed):
     name = lambda_function.TARGET
-    steps = lambda_function
+    steps: ClassVar[AwsTargetModule] = lambda_function
 
     def invoke(self, spec: FunctionSpec, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return lambda_function.invoke(spec, path, body)
@@ -33,7 +33,7 @@ class Lambda(_Terraformed):
 
 class SageMaker(_Terraformed):
     name = sagemaker.TARGET
-    steps = sagemaker
+    steps: ClassVar[AwsTargetModule] = sagemaker
 
     def invoke(self, spec: FunctionSpec, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return sagemaker.invoke(spec, path, body)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +220,7 @@ def _module(name: str, out: Path, module: str, inputs: list[tuple[str, Any]]) ->
     return block(f'module "{name}"', [("source", source), *inputs])
 
 
-def block(header: str, attributes: list[tuple[str, Any]], *, indent: int = 0, comments: list[str] = ()) -> str:
+def block(header: str, attributes: list[tuple[str, Any]], *, indent: int = 0, comments: Sequence[str] = ()) -> str:
     """A block as `terraform fmt` writes it: `=` aligned across adjacent one-line attributes, a blank line
     around each multi-line one (which ends the alignment group)."""
     pad = "  " * indent

@@ -17,8 +17,9 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlencode
 
 from packager.edge.archive import archive_bundle
@@ -30,7 +31,7 @@ from packager.spec import FunctionSpec, GreengrassTarget
 from packager.targets.aws import common as aws
 from packager.targets.aws.common import AwsContext, AwsDeployment, AwsPlan, Driver, Resource
 from packager.targets.aws.resources import BucketDriver, bucket_name, bucket_resource
-from packager.targets.aws.target import AwsTarget
+from packager.targets.aws.target import AwsTarget, AwsTargetModule
 from packager.targets.base import LogLine, TargetStatus
 from packager.targets.greengrass.drivers import (
     ArtifactDriver,
@@ -197,23 +198,24 @@ def status(spec: FunctionSpec) -> TargetStatus | None:
     deployment = aws.load_state(state_dir(spec))
     if deployment is None:
         return None
-    base = {"target": TARGET, "url": deployment.url, "bundle_digest": deployment.bundle_digest,
-            "deployment": deployment}  # fmt: skip
+    row = partial(
+        TargetStatus, target=TARGET, url=deployment.url, bundle_digest=deployment.bundle_digest, deployment=deployment
+    )
     if deployment.outcome == "failed":
-        return TargetStatus(**base, state="failed", detail=f"the last deploy stopped at: {deployment.failed_step}")
+        return row(state="failed", detail=f"the last deploy stopped at: {deployment.failed_step}")
     context = aws.connect(TARGET, deployment.region, deployment.endpoint_url)
     settings, name = spec.targets.greengrass, component_name(spec)
     with aws.aws_errors(context, f"read the deployment of thing group {settings.thing_group}"):
         latest = latest_deployment(context, context.arn("iot", f"thinggroup/{settings.thing_group}"))
         if latest is None or name not in latest.get("components", {}):
-            return TargetStatus(**base, state="missing", detail="the thing group's deployment no longer has it")
+            return row(state="missing", detail="the thing group's deployment no longer has it")
         devices = _device_outcomes(context, latest)
     state = {"COMPLETED": "ready", "ACTIVE": "updating", "FAILED": "failed"}.get(latest["deploymentStatus"], "missing")
     counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(devices.items())) or "no core devices reported"
     if state == "ready" and set(devices) - {"SUCCEEDED", "COMPLETED"}:
         state = "updating" if set(devices) & {"QUEUED", "IN_PROGRESS"} else "failed"
     detail = f"deployment {latest['deploymentId']} {latest['deploymentStatus']}; devices: {counts}"
-    return TargetStatus(**base, state=state, detail=detail)
+    return row(state=state, detail=detail)
 
 
 def _device_outcomes(context: AwsContext, latest: dict[str, Any]) -> Counter[str]:
@@ -279,7 +281,7 @@ def _delete_artifacts(spec: FunctionSpec, context: AwsContext) -> list[str]:
 
 class Greengrass(AwsTarget):
     name = TARGET
-    steps = sys.modules[__name__]  # type: ignore[assignment]  # a module offering AwsTargetModule's functions
+    steps: ClassVar[AwsTargetModule] = sys.modules[__name__]  # this module offers AwsTargetModule's functions
 
     def invoke(self, spec: FunctionSpec, path: str, body: dict[str, Any]) -> dict[str, Any]:
         settings = spec.targets.greengrass

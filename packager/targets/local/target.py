@@ -203,8 +203,8 @@ def _deployment(plan: LocalPlan, port: int, pid: int, log_file: Path, *, start: 
 
 def _capture(plan: LocalPlan, deployment: LocalDeployment, criu: Criu) -> LocalDeployment:
     """Snapshot the ready server once its prompt graph is built, so a resumed copy needs no build either."""
-    key = deployment.api_key.read()
-    headers = {"authorization": f"Bearer {key}"} if key else {}
+    api_key = deployment.api_key.read()
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     process_snapshot.wait_until_warm(deployment.url, headers, PROMPT_GRAPH_WAIT)
     key = _snapshot_key(plan, deployment.command, criu)
     try:
