@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from packager.spec import FunctionSpec
@@ -29,7 +29,7 @@ class StepRecord:
 
 
 class StepHandle:
-    def __init__(self, progress: Progress, task_id: int, record: StepRecord) -> None:
+    def __init__(self, progress: Progress, task_id: TaskID, record: StepRecord) -> None:
         self._progress = progress
         self._task_id = task_id
         self.record = record
@@ -70,17 +70,23 @@ class StepProgress:
 
 
 class _Candidate(Protocol):
-    precision: str
-    failures: Sequence[str]
+    @property
+    def precision(self) -> str: ...
+    @property
+    def failures(self) -> Sequence[str]: ...
 
 
 class _Built(Protocol):
-    """What every build result (decoder or encoder) offers the summary's last lines."""
+    """What every build result (decoder or encoder) offers the summary's last lines (read-only: results are frozen)."""
 
-    spec: FunctionSpec
-    candidates: Sequence[_Candidate]
-    bundle: Path
-    bundle_reused: bool
+    @property
+    def spec(self) -> FunctionSpec: ...
+    @property
+    def candidates(self) -> Sequence[_Candidate]: ...
+    @property
+    def bundle(self) -> Path: ...
+    @property
+    def bundle_reused(self) -> bool: ...
 
 
 def print_build_outcome(console: Console, result: _Built, progress: StepProgress, elapsed: float) -> None:

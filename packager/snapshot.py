@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
+from packager.decoder_facts import decoder_facts
 from packager.spec import FunctionSpec
 from runtime.bundle import Bundle, FileEntry, Manifest, file_digest
 from runtime.engine.config import EngineConfig
@@ -40,9 +41,11 @@ def add_snapshot(bundle_dir: Path, manifest: Manifest, spec: FunctionSpec) -> Ma
     template, or a function whose first execution provider is not the CPU.
     """
     prefixes = configured_prefixes(spec)
-    if not prefixes or manifest.model.chat_template is None or spec.runtime.providers[:1] != [SNAPSHOT_PROVIDER]:
+    if not prefixes or spec.runtime.providers[:1] != [SNAPSHOT_PROVIDER]:
         return manifest
-    facts = manifest.model
+    facts = decoder_facts(manifest)
+    if facts.chat_template is None:
+        return manifest
     config = EngineConfig(
         max_batch=1,
         max_context=facts.context_length,

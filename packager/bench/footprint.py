@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packager.decoder_facts import decoder_facts
 from packager.export.builder import ExportResult
 from runtime.bundle import open_bundle
 from runtime.engine.graphs import PREFILL_MODEL_FILE
@@ -39,7 +40,7 @@ def artifacts(bundle_dir: Path, gguf: Path, hf_dir: Path, exports: dict[str, Exp
     """Per system: onnxfn, genai and ort-loop share the bundle; genai-int* run their own builder export (`exports`,
     by system); llama.cpp keeps an f16 KV; transformers runs fp32."""
     manifest = open_bundle(bundle_dir, verify=False).manifest
-    facts = manifest.model
+    facts = decoder_facts(manifest)
     kv_elements = 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim
     weights = sum(e.size for name, e in manifest.files.items() if name.startswith(manifest.model_file))
     bundle = Artifact(f"bundle ({facts.precision})", weights, dir_bytes(bundle_dir), facts.kv_bytes_per_token())

@@ -16,6 +16,7 @@ from typing import Any
 
 from packager.bench.models import GENAI_EXPORTS, REFERENCE_PRECISION, BenchModel
 from packager.build import cached_quality
+from packager.decoder_facts import decoder_facts
 from packager.export.builder import ExportResult
 from packager.quantize import budget_of
 from packager.verify import QualityBudget, QualityEvaluator, candidate_json
@@ -33,7 +34,7 @@ def measure(model: BenchModel) -> dict[str, Any]:
     evaluator = lazy_evaluator(reference)
     built_path = model.bundle / "quality.json"
     built = json.loads(built_path.read_text()) if built_path.is_file() else {}
-    precision = read_manifest(model.bundle).model.precision
+    precision = decoder_facts(read_manifest(model.bundle)).precision
     rows = [bundle_row(model, precision, built, budget, evaluator)]
     for system, export_precision in GENAI_EXPORTS.items():
         figures, origin = export_figures(model.exports[export_precision], reference, budget, evaluator)

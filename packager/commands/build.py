@@ -14,8 +14,9 @@ from rich.table import Table
 if TYPE_CHECKING:
     from packager.build import BuildResult
 
+from packager.decoder_facts import decoder_facts
 from packager.progress import StepProgress, print_build_outcome
-from packager.spec import ENCODER_TASKS, FunctionSpec, load_spec
+from packager.spec import FunctionSpec, load_spec
 
 console = Console()
 
@@ -28,19 +29,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here: the build pulls in onnx and the exporter, which other commands never need.
-    from packager.build import build_function
+    from packager.build import BuildResult, build_function
 
     spec = load_spec(args.function)
     progress = StepProgress()
     start = time.perf_counter()
     result = build_function(spec, progress)
     elapsed = time.perf_counter() - start
-    if spec.model.task in ENCODER_TASKS:
+    if isinstance(result, BuildResult):
+        _print_summary(result, progress, elapsed)
+    else:  # an encoder task's build
         from packager.encoder.report import print_encoder_summary
 
-        print_encoder_summary(result, progress, elapsed)  # type: ignore[arg-type]
-    else:
-        _print_summary(result, progress, elapsed)  # type: ignore[arg-type]
+        print_encoder_summary(result, progress, elapsed)
     if spec.image is not None:
         _build_image(spec, result.bundle, progress)
     return 0
@@ -63,7 +64,7 @@ def _build_image(spec: FunctionSpec, bundle: Path, progress: StepProgress) -> No
 
 def _print_summary(result: BuildResult, progress: StepProgress, elapsed: float) -> None:
     manifest = result.manifest
-    facts = manifest.model
+    facts = decoder_facts(manifest)
     size = sum(f.size for f in manifest.files.values())
     summary = Table(title=f"bundle {result.spec.name}", show_header=False)
     summary.add_row("path", str(result.bundle))

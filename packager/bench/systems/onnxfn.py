@@ -14,7 +14,9 @@ from packager.bench.systems.base import (
     process_memory,
     timings_from_marks,
 )
-from runtime.engine.engine import Engine, EngineConfig
+from packager.decoder_facts import decoder_facts
+from runtime.engine.config import EngineConfig
+from runtime.engine.engine import Engine
 from runtime.engine.request import GenerationRequest, SamplingParams
 from runtime.verified import open_verified
 
@@ -36,7 +38,7 @@ class OnnxfnSystem:
         # As the server and the Lambda handler do: files hashed once, then trusted while their stat is unchanged.
         bundle, _ = open_verified(config.bundle)
         verified = now()
-        self._engine = Engine(bundle, engine_config(config, bundle.manifest.model.kv_bytes_per_token()))
+        self._engine = Engine(bundle, engine_config(config, decoder_facts(bundle.manifest).kv_bytes_per_token()))
         self._engine.start()
         self.load_phases = {"verify_bundle": verified - started, "engine": now() - verified}
         self._ids = itertools.count()

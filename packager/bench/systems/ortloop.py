@@ -15,6 +15,7 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from packager.bench.systems.base import PromptSpec, StreamTiming, SystemConfig, now, process_memory, timings_from_marks
+from packager.decoder_facts import decoder_facts
 from runtime.bundle import open_bundle
 from runtime.engine.session_build import SessionOptions, create_session
 
@@ -23,7 +24,7 @@ class OrtLoopSystem:
     def __init__(self, config: SystemConfig) -> None:
         self.max_streams = config.max_batch
         self._bundle = open_bundle(config.bundle, verify=False)
-        self._facts = self._bundle.manifest.model
+        self._facts = decoder_facts(self._bundle.manifest)
         self._session = create_session(self._bundle.model_path, SessionOptions(threads=config.threads))
         self._kv_names = self._facts.io.cache_names(self._facts.num_layers)
 

@@ -8,13 +8,14 @@ from pathlib import Path
 
 from packager.bench.serving import ServerSpec, free_port, launch, run_streams, wait_ready
 from packager.bench.systems.base import MAX_CONTEXT, PromptSpec, StreamTiming, SystemConfig, process_memory
+from packager.decoder_facts import decoder_facts
 from packager.processes import stop_process
 from runtime.bundle import read_manifest
 
 
 def kv_budget_mib(config: SystemConfig) -> int:
     """The in-process engine's KV budget: every slot can hold MAX_CONTEXT tokens."""
-    facts = read_manifest(Path(config.bundle)).model
+    facts = decoder_facts(read_manifest(Path(config.bundle)))
     return -(-config.max_batch * MAX_CONTEXT * facts.kv_bytes_per_token() // (1 << 20))
 
 
