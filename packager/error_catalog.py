@@ -40,11 +40,15 @@ def cli_errors() -> list[CliError]:
             if not (isinstance(call.func, ast.Name) and call.func.id in _ERROR_TYPES and call.args):
                 continue
             exit_code = next(
-                (k.value.value for k in call.keywords if k.arg == "exit_code" and isinstance(k.value, ast.Constant)),
+                (
+                    k.value.value
+                    for k in call.keywords
+                    if k.arg == "exit_code" and isinstance(k.value, ast.Constant) and isinstance(k.value.value, int)
+                ),
                 1,
             )
             module = path.relative_to(REPO).as_posix()
-            found.append(CliError(module, node.lineno, _template(call.args[0]), int(exit_code)))
+            found.append(CliError(module, node.lineno, _template(call.args[0]), exit_code))
     return found
 
 
@@ -53,7 +57,8 @@ def _template(node: ast.expr) -> str:
         return node.value
     if isinstance(node, ast.JoinedStr):
         return "".join(
-            part.value if isinstance(part, ast.Constant) else "{" + _placeholder(part) + "}" for part in node.values
+            str(part.value) if isinstance(part, ast.Constant) else "{" + _placeholder(part) + "}"
+            for part in node.values
         )
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         return _template(node.left) + _template(node.right)

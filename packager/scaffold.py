@@ -89,7 +89,9 @@ def _checked_source(source: str, template: str) -> str:
     if scheme in ("gguf", "hf") and rest and not Path(rest).expanduser().is_absolute():
         source = f"{scheme}:{Path(rest).resolve()}"
     path = locate_source(source, Path.cwd())
-    if template in ("embed", "classify") and not isinstance(path, Path):
+    if template not in ("embed", "classify"):
+        return source
+    if not isinstance(path, Path):
         raise UserError(
             f"--model {source!r}: the {template} template needs an hf: model folder, not a GGUF file", exit_code=2
         )
@@ -97,7 +99,7 @@ def _checked_source(source: str, template: str) -> str:
         from packager.sources.sentence_transformers import read_sentence_encoder_config
 
         read_sentence_encoder_config(path)
-    elif template == "classify":
+    else:
         from packager.encoder.classifier import read_classifier_config
 
         read_classifier_config(path)

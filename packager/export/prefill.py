@@ -95,7 +95,7 @@ def _gather_last_positions(model: onnx.ModelProto) -> None:
     constants = {"prefill/axis1": [1], "prefill/one": [1], "prefill/zero": [0]}
     graph.initializer.extend(helper.make_tensor(name, TensorProto.INT64, [1], v) for name, v in constants.items())
 
-    def node(op: str, inputs: list[str], output: str, **attrs: int) -> NodeProto:
+    def node(op: str, inputs: list[str], output: str, **attrs: Any) -> NodeProto:  # ONNX attributes, as make_node
         return helper.make_node(op, inputs, [output], name=f"/prefill/{output.removeprefix('prefill/')}", **attrs)
 
     nodes = [

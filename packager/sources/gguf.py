@@ -93,7 +93,8 @@ def _convert(gguf_path: Path, out: Path, beside: list[Path], source: str) -> Non
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype="float32")
-    model.hf_quantizer = None
+    # from_pretrained sets hf_quantizer without PreTrainedModel declaring it: mypy sees torch's Module.__setattr__
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out)

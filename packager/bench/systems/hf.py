@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
@@ -16,7 +18,8 @@ class _TokenClock(StoppingCriteria):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: object) -> torch.BoolTensor:
         self.marks.append(now())
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        # transformers' own criteria return plain bool tensors too; BoolTensor is only its annotation's name for one
+        return cast(torch.BoolTensor, torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device))
 
 
 class TransformersSystem:

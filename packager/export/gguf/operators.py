@@ -8,6 +8,7 @@ operator per run of rows, their outputs concatenated.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
@@ -65,7 +66,7 @@ class GraphBuilder:
     _block_sums: dict[tuple[str, int], str] = field(default_factory=dict)
     _packed: dict[str, str] = field(default_factory=dict)  # weight key -> MatMulNBits B initializer
 
-    def node(self, op: str, inputs: list[str], output: str, name: str, **attributes: object) -> str:
+    def node(self, op: str, inputs: list[str], output: str, name: str, **attributes: Any) -> str:  # as make_node
         domain = MS_DOMAIN if op in ("MatMulNBits", "GatherBlockQuantized") else ""
         self.nodes.append(helper.make_node(op, inputs, [output], name=name, domain=domain, **attributes))
         return output

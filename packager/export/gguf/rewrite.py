@@ -141,20 +141,20 @@ def carry_gguf_weights(
     builder = GraphBuilder(files, accuracy_level, nodes=rewritten)
     fused = {m.node.name: group for group in _siblings(matches.values()) for m in group}
     for node in graph.node:
-        match = matches.get(node.name)
-        if match is None:
+        matched = matches.get(node.name)
+        if matched is None:
             rewritten.append(node)
         elif node.name in fused:
             group = fused[node.name]
-            if group[0] is match:  # emitted once, where the first of them was
+            if group[0] is matched:  # emitted once, where the first of them was
                 _emit_siblings(builder, group, report)
         elif node.op_type == "MatMul":
-            builder.matmul(node.input[0], node.output[0], match.parts, node.name)
-            _report(report, match, node.name, 0)
+            builder.matmul(node.input[0], node.output[0], matched.parts, node.name)
+            _report(report, matched, node.name, 0)
         else:
-            (key, weight), *_ = match.parts
+            (key, weight), *_ = matched.parts
             builder.gather(node.input[1], node.output[0], key, weight, node.name)
-            _report(report, match, node.name, 0)
+            _report(report, matched, node.name, 0)
     del graph.node[:]
     graph.node.extend(rewritten)
     drop_dead_nodes(graph)  # the Transpose a tied embedding no longer needs
