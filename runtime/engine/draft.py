@@ -6,9 +6,7 @@ scheduler importing the drafter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import numpy as np
+from dataclasses import dataclass
 
 _EMA_WEIGHT = 0.3  # how much one verification moves a sequence's acceptance average
 _PROBATION = 4  # verifications before a sequence may be switched off
@@ -17,14 +15,13 @@ _MIN_ACCEPTANCE = 0.5  # below this average a sequence stops drafting
 
 @dataclass
 class DraftState:
-    """One sequence's drafting record."""
+    """One sequence's drafting record; the scheduler records each verify's outcome (`update_from_output`)."""
 
     enabled: bool = True
     attempts: int = 0
     drafted: int = 0
     accepted: int = 0
     acceptance: float = 1.0  # moving average of accepted / drafted, optimistic until measured
-    prompt: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
 
     def record(self, drafted: int, accepted: int) -> None:
         self.attempts += 1

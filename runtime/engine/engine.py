@@ -35,7 +35,7 @@ from runtime.engine.reports import EngineStats, LoadTimes, RequestTiming, StepRe
 from runtime.engine.request import EngineError, GenerationRequest, InvalidRequestError, SequenceOutput
 from runtime.engine.runner import ModelRunner
 from runtime.engine.sampling import SequenceSampler
-from runtime.engine.scheduler import RequestState, Scheduler, SequenceState, SequenceStatus
+from runtime.engine.scheduler import RequestState, Scheduler, SequenceState
 from runtime.engine.session import DecoderSession
 from runtime.engine.session_build import SessionBuild, SessionOptions, prefill_session_build
 from runtime.engine.speculative import PromptLookup
@@ -92,7 +92,7 @@ class Engine:
         )  # fmt: skip
         decoder.warm_up()
         self._drafter = PromptLookup(config.speculative_tokens) if config.speculative else None
-        self._runner = ModelRunner(decoder, self._pool, self._prefix_cache, self._drafter)
+        self._runner = ModelRunner(decoder, self._pool, self._drafter)
         self._scheduler = Scheduler(self._pool, self._prefix_cache, config.max_queue, config.prefill_chunk)
         self._on_step = on_step
         self._streams: dict[str, RequestStream] = {}
@@ -321,7 +321,7 @@ class Engine:
         graph is still loading); generated tokens' KV only when one graph computes prompts and tokens alike.
         """
         loading = self._startup.prefill_loading
-        self._runner.store_prompts = not loading
+        self._scheduler.cache_prompt_kv = not loading
         self._scheduler.cache_decoded_kv = not loading and not self._decoder.has_prefill_graph
 
     def _step(self) -> StepReport:
@@ -329,29 +329,23 @@ class Engine:
         work = self._scheduler.schedule()
         for group in work.aborted:
             for seq in group.sequences:
-                self._push(group, seq.output.aborted(), started)
-        results = self._runner.execute(work)
+                self._push(group, seq.output.aborted(), started, close=seq is group.sequences[-1])
+        output = self._runner.execute(work)
         now = time.perf_counter()
+        booked = self._scheduler.update_from_output(output)
         first_tokens: list[float] = []
         finished: list[RequestTiming] = []
-        produced = 0
-        for seq, choice in results:
-            if seq.status is SequenceStatus.FINISHED:
-                continue  # accepted drafts after the token that ended the sequence
-            produced += 1
-            group = seq.group
+        for token in booked:
+            group = token.seq.group
             if group.first_token_at is None:
                 group.first_token_at = now
                 first_tokens.append(now - group.submitted_at)
-            output = seq.output.process(choice)
-            if output.finish_reason is not None:
-                self._scheduler.finish(seq)
-                if group.finished:
-                    finished.append(request_timing(group, now))
-            self._push(group, output, now)
+            if token.completes_request:
+                finished.append(request_timing(group, now))
+            self._push(group, token.output, now, close=token.completes_request)
         prefill_tokens = sum(c.stop - c.start for c in work.prefills)
         self._tokens_in += prefill_tokens
-        self._tokens_out += produced
+        self._tokens_out += len(booked)
         self._steps += 1
         self._last_batch = len(work.decode)
         report = StepReport(
@@ -369,12 +363,13 @@ class Engine:
         self._stream_wakeups.flush()
         return report
 
-    def _push(self, group: RequestState, output: SequenceOutput, now: float) -> None:
+    def _push(self, group: RequestState, output: SequenceOutput, now: float, close: bool) -> None:
+        """Hand `output` to the request's stream; `close`: it is the request's last, so the stream ends."""
         stream = self._streams.get(group.request.request_id)
         if stream is None:
             return
         stream.push(output, now)
-        if group.finished:
+        if close:
             with self._wakeup:
                 self._streams.pop(group.request.request_id, None)
             stream.close()

@@ -3,6 +3,9 @@
 First chunks of prompts in consecutive slots run together, right-padded, when the prefill graph allows it.
 
 With a `PromptLookup`, the decode step verifies drafted tokens when the drafter judges it worth it.
+
+The runner writes KV and reports what it computed and sampled (`ModelRunnerOutput`); it changes no sequence's
+state: `Scheduler.update_from_output` books the report.
 """
 
 from __future__ import annotations
@@ -10,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
-from runtime.engine.kv_cache import KVPool, PrefixCache
+from runtime.engine.kv_cache import KVPool
 from runtime.engine.request import EngineError
-from runtime.engine.sampling import TokenChoice, sample
-from runtime.engine.scheduler import PrefillChunk, SchedulerOutput, SequenceState, SequenceStatus
+from runtime.engine.sampling import sample
+from runtime.engine.scheduler import ModelRunnerOutput, PrefillChunk, SchedulerOutput, SequenceState, SequenceStep
 from runtime.engine.session import DecoderSession
 from runtime.engine.speculative import PromptLookup
 
@@ -24,29 +28,26 @@ MAX_PREFILL_PADDING = 0.25
 
 
 class ModelRunner:
-    def __init__(
-        self, session: DecoderSession, pool: KVPool, prefix_cache: PrefixCache, drafter: PromptLookup | None = None
-    ) -> None:
+    def __init__(self, session: DecoderSession, pool: KVPool, drafter: PromptLookup | None = None) -> None:
         self._session = session
         self._pool = pool
-        self._prefix_cache = prefix_cache
         self._drafter = drafter
         # A decode step's inputs, one entry per pool row; every row below the batch's last is rewritten each step.
         self._input_ids = np.zeros(pool.slots, dtype=np.int64)
         self._lengths = np.ones(pool.slots, dtype=np.int64)
-        # Off while prompts run through a stand-in graph: a later cache hit must equal a miss.
-        self.store_prompts = True
 
-    def execute(self, work: SchedulerOutput) -> list[tuple[SequenceState, TokenChoice]]:
-        """Run the step; returns each sequence that produced a token, with the token."""
-        results: list[tuple[SequenceState, TokenChoice]] = []
+    def execute(self, work: SchedulerOutput) -> ModelRunnerOutput:
+        """Run the step; reports, per sequence it ran, the positions now computed and the tokens chosen."""
+        steps: list[SequenceStep] = []
         for batch in prefill_runs(work.prefills, self._session.prefills_prompts_together):
-            results.extend(self._prefill(batch))
+            steps.extend(self._prefill(batch))
         if work.decode:
-            results.extend(self._decode(work))
-        return results
+            # Sequences are booked after the step, so passengers' masks take this step's prefill from here.
+            computed = {step.seq: step.num_computed for step in steps}
+            steps.extend(self._decode(work, computed))
+        return ModelRunnerOutput(tuple(steps))
 
-    def _prefill(self, batch: list[PrefillChunk]) -> list[tuple[SequenceState, TokenChoice]]:
+    def _prefill(self, batch: list[PrefillChunk]) -> list[SequenceStep]:
         first_slot = batch[0].group.sequences[0].slot
         if len(batch) == 1:
             (chunk,) = batch
@@ -55,49 +56,42 @@ class ModelRunner:
         else:
             prompts = [chunk.group.request.prompt_token_ids[: chunk.stop] for chunk in batch]
             logits = self._session.prefill_prompts(first_slot, prompts)
-        results: list[tuple[SequenceState, TokenChoice]] = []
+        steps: list[SequenceStep] = []
         for row, chunk in enumerate(batch):
-            results.extend(self._prefilled(chunk, logits[row : row + 1]))
-        return results
+            steps.extend(self._prefilled(chunk, logits[row : row + 1]))
+        return steps
 
-    def _prefilled(self, chunk: PrefillChunk, last_logits: np.ndarray) -> list[tuple[SequenceState, TokenChoice]]:
-        """Book a computed chunk; once its prompt is complete, every sequence samples its first token."""
-        group = chunk.group
-        leader = group.sequences[0]
-        prompt = group.request.prompt_token_ids
-        leader.num_computed = chunk.stop
+    def _prefilled(self, chunk: PrefillChunk, last_logits: NDArray[np.float32]) -> list[SequenceStep]:
+        """A computed chunk (`last_logits`: `[1, vocab]`); once its prompt is complete, every sequence of the
+        request gets the prompt's KV in its own slot and samples its first token."""
+        sequences = chunk.group.sequences
+        leader = sequences[0]
         if not chunk.completes_prompt:
-            return []
-        if self.store_prompts:
-            self._prefix_cache.store(prompt, self._pool, leader.slot)
-        for seq in group.sequences[1:]:
+            return [SequenceStep(leader, chunk.stop)]
+        for seq in sequences[1:]:
             self._pool.copy(leader.slot, seq.slot, chunk.stop)
-            seq.num_computed = chunk.stop
         # Every sequence samples its first token from the same last-position logits.
-        rows = np.repeat(last_logits, len(group.sequences), axis=0)
-        choices = sample(rows, [s.sampler for s in group.sequences])
-        for seq, choice in zip(group.sequences, choices, strict=True):
-            seq.status = SequenceStatus.RUNNING
-            self._accept(seq, choice)
-        return list(zip(group.sequences, choices, strict=True))
+        rows = np.repeat(last_logits, len(sequences), axis=0)
+        choices = sample(rows, [s.sampler for s in sequences])
+        return [SequenceStep(seq, chunk.stop, (choice,)) for seq, choice in zip(sequences, choices, strict=True)]
 
-    def _decode(self, work: SchedulerOutput) -> list[tuple[SequenceState, TokenChoice]]:
+    def _decode(self, work: SchedulerOutput, computed: dict[SequenceState, int]) -> list[SequenceStep]:
         """One token for every running sequence over pool rows `0..decode_rows-1`.
 
         Rows held by sequences still in prefill ride along with a dummy token: their mask covers
-        exactly their computed positions plus one, so the step only writes the position their
-        next prefill chunk overwrites anyway.
+        exactly their computed positions (`computed`: as this step's prefill left them) plus one, so the
+        step only writes the position their next prefill chunk overwrites anyway.
         """
         rows = work.decode_rows
         if self._drafter is not None and rows == 1:
             (seq,) = work.decode  # one row and a sequence decoding in it: no passengers
             draft = self._drafter.propose(seq, self._pool.max_context - seq.num_computed)
             if draft is not None:
-                return self._verify(seq, draft)
+                return [self._verify(seq, draft)]
         input_ids, lengths = self._input_ids[:rows], self._lengths[:rows]
         for seq in work.passengers:
             input_ids[seq.slot] = 0
-            lengths[seq.slot] = seq.num_computed + 1
+            lengths[seq.slot] = computed.get(seq, seq.num_computed) + 1
         for seq in work.decode:
             input_ids[seq.slot] = seq.next_token
             lengths[seq.slot] = seq.num_computed + 1
@@ -106,22 +100,18 @@ class ModelRunner:
         if len(slots) != rows or slots != sorted(slots):
             logits = logits[slots]
         choices = sample(logits, [seq.sampler for seq in work.decode])
-        for seq, choice in zip(work.decode, choices, strict=True):
-            seq.num_computed += 1
-            self._accept(seq, choice)
-        return list(zip(work.decode, choices, strict=True))
+        return [SequenceStep(seq, seq.num_computed + 1, (c,)) for seq, c in zip(work.decode, choices, strict=True)]
 
-    def _verify(self, seq: SequenceState, draft: np.ndarray) -> list[tuple[SequenceState, TokenChoice]]:
-        """Feed `[next token, draft...]` to the one decoding row; yields 1 + accepted tokens.
+    def _verify(self, seq: SequenceState, draft: NDArray[np.int64]) -> SequenceStep:
+        """Feed `[next token, draft...]` to the one decoding row; chooses 1 + accepted tokens.
 
         Rejected drafts leave KV past the accepted length, which the mask hides and later steps overwrite.
         """
         assert self._drafter is not None
         logits = self._session.verify([seq.next_token, *draft.tolist()], seq.num_computed)
         choices = self._drafter.accept(logits, seq, draft)
-        seq.num_computed += len(choices)  # the fed token and every accepted draft
-        seq.next_token = choices[-1].token_id
-        return [(seq, choice) for choice in choices]
+        # KV is computed for the fed token and every accepted draft: one position per choice.
+        return SequenceStep(seq, seq.num_computed + len(choices), tuple(choices), drafted=draft.size)
 
     def compute_prefix(self, token_ids: list[int], chunk: int) -> np.ndarray:
         """The KV of `token_ids` at positions `0..`, prefilled in a free slot that is released again.
@@ -137,11 +127,6 @@ class ModelRunner:
             return self._pool.read(slot, 0, len(token_ids))
         finally:
             self._pool.release(slot, 0)
-
-    @staticmethod
-    def _accept(seq: SequenceState, choice: TokenChoice) -> None:
-        seq.next_token = choice.token_id
-        seq.sampler.output_token_ids.append(choice.token_id)
 
 
 def prefill_runs(chunks: Sequence[PrefillChunk], together: bool) -> list[list[PrefillChunk]]:

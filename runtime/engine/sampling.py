@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.random  # numpy loads it on first use: ~10 ms of a cold start's first request otherwise
+from numpy.typing import NDArray
 
 from runtime.engine.constraints import GrammarConstraint, advance, mask_logits
 from runtime.engine.request import SamplingParams
@@ -56,9 +57,14 @@ class SequenceSampler:
         self._bias_ids = np.fromiter(params.logit_bias.keys(), dtype=np.int64, count=len(params.logit_bias))
         self._bias = np.fromiter(params.logit_bias.values(), dtype=np.float32, count=len(params.logit_bias))
 
-    def penalty_indices(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Tokens seen in prompt or output (unique), and the output's tokens with their counts."""
-        output = np.asarray(self.output_token_ids, dtype=np.int64)
+    def penalty_indices(
+        self, pending: Sequence[int] = ()
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """Tokens seen in prompt or output (unique), and the output's tokens with their counts.
+
+        `pending`: tokens chosen after the output so far but not booked into it yet, counted as output.
+        """
+        output = np.asarray([*self.output_token_ids, *pending] if pending else self.output_token_ids, dtype=np.int64)
         seen = np.union1d(self._prompt, output) if self._prompt is not None else output
         out_ids, counts = np.unique(output, return_counts=True)
         return seen, out_ids, counts
@@ -71,8 +77,14 @@ class TokenChoice:
     top: tuple[tuple[int, float], ...] = ()  # (token id, raw logprob), best first
 
 
-def sample(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> list[TokenChoice]:
-    """Pick one token per row of `logits` (`[rows, vocab]`, modified in place)."""
+def sample(
+    logits: NDArray[np.float32], samplers: Sequence[SequenceSampler], pending: Sequence[Sequence[int]] = ()
+) -> list[TokenChoice]:
+    """Pick one token per row of `logits` (`[rows, vocab]`, modified in place).
+
+    `pending[row]`: tokens that row's sequence chose earlier in the step, not yet booked into its sampler's
+    `output_token_ids` (a verify's accepted drafts); penalties count them as output. Empty: none anywhere.
+    """
     if all(s.plain_greedy for s in samplers):
         return [TokenChoice(token) for token in logits.argmax(axis=1).tolist()]
     want_logprobs = [i for i, s in enumerate(samplers) if s.params.logprobs]
@@ -81,7 +93,7 @@ def sample(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> list[Toke
     if constrained:
         mask_logits(logits, constrained)
     if any(s.processed for s in samplers):
-        _apply_penalties_and_bias(logits, samplers)
+        _apply_penalties_and_bias(logits, samplers, pending)
     chosen = _greedy_or_sampled(logits, samplers)
     if constrained:
         advance(constrained, chosen)
@@ -107,14 +119,16 @@ def _top_logprobs(raw: np.ndarray, count: int) -> tuple[tuple[int, float], ...]:
     return tuple((int(t), float(raw[t])) for t in best)
 
 
-def _apply_penalties_and_bias(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> None:
+def _apply_penalties_and_bias(
+    logits: NDArray[np.float32], samplers: Sequence[SequenceSampler], pending: Sequence[Sequence[int]]
+) -> None:
     rep_rows, rep_ids, rep_pen = [], [], []
     out_rows, out_ids, out_sub = [], [], []
     bias_rows, bias_ids, bias_vals = [], [], []
     for row, s in enumerate(samplers):
         p = s.params
         if s.penalized:
-            seen, ids, counts = s.penalty_indices()
+            seen, ids, counts = s.penalty_indices(pending[row] if pending else ())
             if p.repetition_penalty != 1.0:
                 rep_rows.append(np.full(seen.size, row))
                 rep_ids.append(seen)

@@ -4,8 +4,9 @@ Each step the scheduler applies cancellations, admits queued requests while slot
 request with `n` sequences takes `n` slots at once), hands out prefill work in chunks of at most
 `prefill_chunk` prompt tokens (oldest request first, so a long prompt cannot starve running streams;
 see `prefill_budget` for how many chunks a step takes) and puts every running sequence into one
-decode batch. It only decides; `ModelRunner` executes the `SchedulerOutput` and the engine feeds
-results back through `finish`.
+decode batch. `ModelRunner` executes the `SchedulerOutput` and reports what it computed and chose
+(`ModelRunnerOutput`) without changing any sequence; `update_from_output` books that: the scheduler is
+the only writer of a sequence's state (as in vLLM v1's `Scheduler.update_from_output`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
+
+import numpy as np
+from numpy.typing import NDArray
 
 from runtime.engine.draft import DraftState
 from runtime.engine.kv_cache import KVPool, PrefixCache
 from runtime.engine.output import OutputProcessor
-from runtime.engine.request import EngineOverloadedError, GenerationRequest
-from runtime.engine.sampling import SequenceSampler
+from runtime.engine.request import EngineOverloadedError, GenerationRequest, SequenceOutput
+from runtime.engine.sampling import SequenceSampler, TokenChoice
 
 
 class SequenceStatus(Enum):
@@ -59,6 +64,11 @@ class RequestState:
     def prompt_len(self) -> int:
         return len(self.request.prompt_token_ids)
 
+    @cached_property
+    def prompt_array(self) -> NDArray[np.int64]:
+        """The prompt `[prompt_len]`, made once on first use: prompt-lookup drafting searches it every step."""
+        return np.asarray(self.request.prompt_token_ids, dtype=np.int64)
+
     @property
     def finished(self) -> bool:
         return all(s.status is SequenceStatus.FINISHED for s in self.sequences)
@@ -91,6 +101,38 @@ class SchedulerOutput:
         return not (self.admitted or self.prefills or self.decode or self.aborted)
 
 
+@dataclass(frozen=True)
+class SequenceStep:
+    """What one step computed for one sequence; the runner reports it, `Scheduler.update_from_output` books it.
+
+    `num_computed`: positions `0..num_computed-1` of the sequence's slot hold its KV after the step.
+    `tokens`: what it chose, in order: none from a prompt chunk that leaves the prompt unfinished, one from a
+    decode step or a prompt's last chunk, 1 + the accepted drafts from a verify.
+    `drafted`: how many draft tokens a verify checked (0 without one).
+    """
+
+    seq: SequenceState
+    num_computed: int
+    tokens: tuple[TokenChoice, ...] = ()
+    drafted: int = 0
+
+
+@dataclass(frozen=True)
+class ModelRunnerOutput:
+    """`ModelRunner.execute`'s result: a step per sequence the `SchedulerOutput` ran, in the order computed."""
+
+    steps: tuple[SequenceStep, ...]
+
+
+@dataclass(frozen=True)
+class TokenOutput:
+    """One booked token's output; `completes_request`: it finished the last running sequence of its request."""
+
+    seq: SequenceState
+    output: SequenceOutput
+    completes_request: bool
+
+
 class Scheduler:
     def __init__(self, pool: KVPool, prefix_cache: PrefixCache, max_queue: int, prefill_chunk: int) -> None:
         self.pool = pool
@@ -101,6 +143,9 @@ class Scheduler:
         # them). Only when prompts and decode steps run the same graph: a prefill graph computes slightly
         # different KV, and a cache hit must give the same output as a miss (set by the engine).
         self.cache_decoded_kv = True
+        # Offer a completed prompt's KV to the prefix cache; off while prompts run through a stand-in graph
+        # (a later cache hit must equal a miss; set by the engine).
+        self.cache_prompt_kv = True
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []  # admitted, in admission order
         self._slot_owner: list[SequenceState | None] = [None] * pool.slots
@@ -148,7 +193,40 @@ class Scheduler:
             s.status is SequenceStatus.PREFILLING and s.num_computed > 0 for g in self.running for s in g.sequences
         )
 
-    def finish(self, seq: SequenceState) -> None:
+    def update_from_output(self, output: ModelRunnerOutput) -> list[TokenOutput]:
+        """Book a step: each sequence's computed positions, then its tokens, each through its output processor.
+
+        Returns every booked token's output, in order. A token that ends its sequence (a stop token or
+        string, the length limit) finishes it and frees its slot; accepted drafts after it are dropped.
+        """
+        # Every KV length first: releasing a slot moves the last slot's KV, as many positions as its sequence has.
+        for step in output.steps:
+            step.seq.num_computed = step.num_computed
+        for step in output.steps:
+            seq = step.seq
+            if step.tokens and seq.status is SequenceStatus.PREFILLING:  # its prompt is complete
+                seq.status = SequenceStatus.RUNNING
+                # Before any slot is released (and moved): the prompt's KV is in the slot it was computed in.
+                if self.cache_prompt_kv and seq.index == 0:
+                    self.prefix_cache.store(seq.group.request.prompt_token_ids, self.pool, seq.slot)
+            if step.drafted:
+                seq.draft.record(step.drafted, len(step.tokens) - 1)
+        return [booked for step in output.steps for booked in self._book_tokens(step.seq, step.tokens)]
+
+    def _book_tokens(self, seq: SequenceState, tokens: tuple[TokenChoice, ...]) -> list[TokenOutput]:
+        booked: list[TokenOutput] = []
+        for choice in tokens:
+            seq.next_token = choice.token_id
+            seq.sampler.output_token_ids.append(choice.token_id)
+            result = seq.output.process(choice)
+            if result.finish_reason is not None:
+                self._finish(seq)
+                # Drafts a verify accepted after the token that ended the sequence are not its output.
+                return [*booked, TokenOutput(seq, result, completes_request=seq.group.finished)]
+            booked.append(TokenOutput(seq, result, completes_request=False))
+        return booked
+
+    def _finish(self, seq: SequenceState) -> None:
         """Free a finished sequence's slot, keeping occupied slots contiguous."""
         seq.status = SequenceStatus.FINISHED
         if seq.slot >= 0:
@@ -197,7 +275,7 @@ class Scheduler:
         for group in [g for g in self.running if g.request.request_id in ids]:
             for seq in group.sequences:
                 if seq.status is not SequenceStatus.FINISHED:
-                    self.finish(seq)
+                    self._finish(seq)
             aborted.append(group)
         return aborted
 

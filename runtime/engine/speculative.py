@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import NDArray
 
 from runtime.engine.sampling import TokenChoice, sample
 
@@ -38,8 +39,11 @@ if TYPE_CHECKING:
 MAX_NGRAM = 3
 
 
-def lookup_draft(tokens: np.ndarray, max_tokens: int) -> np.ndarray:
-    """Up to `max_tokens` tokens that followed the latest earlier occurrence of the longest matching suffix."""
+def lookup_draft(tokens: NDArray[np.int64], max_tokens: int) -> NDArray[np.int64]:
+    """Up to `max_tokens` tokens that followed the latest earlier occurrence of the longest matching suffix.
+
+    `tokens`: a sequence's prompt and output, `[length]`; returns `[0..max_tokens]`.
+    """
     length = tokens.size
     for n in range(min(MAX_NGRAM, length - 1), 0, -1):
         # Windows start before the suffix itself, so every match has at least one token after it.
@@ -61,44 +65,43 @@ class SpeculationStats:
 
 
 class PromptLookup:
-    """Drafts for a sequence decoding alone, and acceptance of the verify forward's logits."""
+    """Drafts for a sequence decoding alone, and acceptance of the verify forward's logits.
+
+    Reads sequences and changes none: the scheduler books the accepted tokens and the drafting record.
+    """
 
     def __init__(self, max_draft: int) -> None:
         self.max_draft = max_draft
         self.stats = SpeculationStats()
 
-    def propose(self, seq: SequenceState, room: int) -> np.ndarray | None:
-        """Tokens to verify after `seq.next_token`, or None when this sequence does not draft now.
+    def propose(self, seq: SequenceState, room: int) -> NDArray[np.int64] | None:
+        """Tokens to verify after `seq.next_token` (`[1..max_draft]`), or None when this sequence does not draft now.
 
         `room`: positions the sequence's KV slot can still take, so a draft never outgrows the context.
         """
-        state = seq.draft
-        if not state.enabled or not seq.sampler.greedy or seq.sampler.constraint is not None:
+        if not seq.draft.enabled or not seq.sampler.greedy or seq.sampler.constraint is not None:
             return None
         limit = min(self.max_draft, room - 1, seq.output.remaining_tokens - 1)
         if limit < 1:
             return None
-        if state.prompt.size == 0:
-            state.prompt = np.asarray(seq.group.request.prompt_token_ids, dtype=np.int64)
-        tokens = np.concatenate([state.prompt, np.asarray(seq.sampler.output_token_ids, dtype=np.int64)])
-        draft = lookup_draft(tokens, limit)
+        output = np.asarray(seq.sampler.output_token_ids, dtype=np.int64)
+        draft = lookup_draft(np.concatenate([seq.group.prompt_array, output]), limit)
         return draft if draft.size else None
 
-    def accept(self, logits: np.ndarray, seq: SequenceState, draft: np.ndarray) -> list[TokenChoice]:
+    def accept(self, logits: NDArray[np.float32], seq: SequenceState, draft: NDArray[np.int64]) -> list[TokenChoice]:
         """The sequence's new tokens from verify logits `[draft.size + 1, vocab]`: 1 + accepted drafts.
 
-        Each position samples exactly as a decode step would (penalties see the tokens accepted before
-        it), and the first disagreement with the draft ends the run.
+        Each position samples exactly as a decode step would: penalties see the tokens accepted before it
+        as output, though none is booked yet. The first disagreement with the draft ends the run.
         """
         chosen: list[TokenChoice] = []
         for position in range(logits.shape[0]):
-            (choice,) = sample(logits[position : position + 1], [seq.sampler])
+            pending = [c.token_id for c in chosen]
+            (choice,) = sample(logits[position : position + 1], [seq.sampler], pending=[pending])
             chosen.append(choice)
-            seq.sampler.output_token_ids.append(choice.token_id)
             if position == draft.size or int(draft[position]) != choice.token_id:
                 break
         accepted = len(chosen) - 1
-        seq.draft.record(draft.size, accepted)
         self.stats.steps += 1
         self.stats.drafted += draft.size
         self.stats.accepted += accepted

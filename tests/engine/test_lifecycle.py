@@ -57,6 +57,18 @@ def test_cancellation_frees_the_slot_within_one_step(stepped: Engine, tokenizer:
     assert sum(len(o.token_ids) for o in third) == 4
 
 
+def test_a_cancelled_request_ends_every_one_of_its_sequences(stepped: Engine, tokenizer: Tokenizer) -> None:
+    params = SamplingParams(max_tokens=32, temperature=0.8, seed=1, n=2, ignore_eos=True)
+    stream = stepped.submit(GenerationRequest("cancel-n", chat_ids(tokenizer, "Count to ten."), params))
+    for _ in range(4):
+        stepped.step()
+    stream.cancel()
+    stepped.step()
+    ends = [(o.index, o.finish_reason) for o in stream if o.finish_reason is not None]
+    assert ends == [(0, FinishReason.ABORT), (1, FinishReason.ABORT)]
+    assert stepped.stats().running == 0
+
+
 def test_full_queue_raises_overloaded_with_retry_after(stepped: Engine, tokenizer: Tokenizer) -> None:
     prompt = chat_ids(tokenizer, "hi")
     params = SamplingParams(max_tokens=2, temperature=0)

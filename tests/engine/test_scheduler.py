@@ -23,14 +23,14 @@ def submit(sched: Scheduler, name: str, prompt_len: int) -> RequestState:
     prompt = tuple(range(1, prompt_len + 1))
     group = RequestState(GenerationRequest(name, prompt, SamplingParams(max_tokens=8)), submitted_at=0.0)
     sampler = SequenceSampler(group.request.sampling, prompt, 0, None)
-    # The scheduler never reads a sequence's output processor (the engine does).
+    # These tests book no tokens, so nothing reads the sequence's output processor.
     group.sequences = [SequenceState(group, 0, sampler, cast(OutputProcessor, None))]
     sched.add(group)
     return group
 
 
 def decoding(sched: Scheduler, count: int) -> None:
-    """`count` requests admitted and prefilled, as the runner leaves them: each now decodes."""
+    """`count` requests admitted and prefilled, as booking their prompts leaves them: each now decodes."""
     for i in range(count):
         submit(sched, f"running-{i}", 4)
     sched.schedule()
