@@ -7,10 +7,15 @@ bundle's task, instead of an AttributeError on None.
 
 from __future__ import annotations
 
+from packager.errors import UserError
 from runtime.bundle import Manifest, ModelFacts
 
 
 def decoder_facts(manifest: Manifest) -> ModelFacts:
     if manifest.model is None:
-        raise ValueError(f"bundle of {manifest.function} serves {manifest.task}: it has no decoder (text generation)")
+        raise UserError(
+            f"the bundle of {manifest.function} serves {manifest.task}, not text generation: give a chat or "
+            "completion bundle (pkg bench and prefix snapshots measure and warm a decoder)",
+            exit_code=2,
+        )
     return manifest.model
