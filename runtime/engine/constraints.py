@@ -20,13 +20,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 if TYPE_CHECKING:
     from llguidance import LLExecutor, LLMatcher, LLParserLimits
+    from llguidance._lib import JsonCompileOptions  # the stubs define it; the package does not export it
 
 # Compact JSON, one space after separators: the form small models were trained on, and no whitespace
 # runs for a model to loop in (with flexible whitespace, SmolLM2-135M pads objects with newlines).
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # llguidance builds a grammar's lexer at its first token mask and spends this much fuel on it at most. At
 # llguidance's default (1,000,000) the regex `((a{100}){100}){100}` took 0.7 s and kept 172 MB before failing
 # anyway; at 200,000 it fails in 85 ms having allocated 38 MB. The heaviest real grammars measured (a
@@ -116,7 +118,7 @@ class GrammarConstraint:
         self.matcher = matcher
 
 
-def mask_logits(logits: np.ndarray, constrained: Sequence[tuple[int, GrammarConstraint]]) -> None:
+def mask_logits(logits: NDArray[np.float32], constrained: Sequence[tuple[int, GrammarConstraint]]) -> None:
     """Set every token a row's grammar forbids to -inf, for all `(row, constraint)` pairs in one parallel call.
 
     A matcher in an error state allows only end-of-sequence, so such a row ends instead of failing the batch.
@@ -131,7 +133,7 @@ def mask_logits(logits: np.ndarray, constrained: Sequence[tuple[int, GrammarCons
         np.putmask(logits[row], row_allowed == 0, -np.inf)
 
 
-def advance(constrained: Sequence[tuple[int, GrammarConstraint]], chosen: np.ndarray) -> None:
+def advance(constrained: Sequence[tuple[int, GrammarConstraint]], chosen: NDArray[np.intp]) -> None:
     """Feed each row's constraint the token sampled for it (always one its mask allowed)."""
     if len(constrained) == 1:
         row, constraint = constrained[0]

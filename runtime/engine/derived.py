@@ -20,9 +20,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
+from numpy.typing import NDArray
 
 from runtime.bundle import Bundle, BundleError
 from runtime.verified import default_record_dir, file_identity
@@ -51,13 +52,13 @@ def default_directory(bundle: Bundle) -> Path:
 
 
 def dequantize_nbits(
-    packed: np.ndarray,
-    scales: np.ndarray,
+    packed: NDArray[np.uint8],
+    scales: NDArray[np.floating[Any]],
     bits: int,
     k: int,
-    zero_points: np.ndarray | None = None,
-    residual: np.ndarray | None = None,
-) -> np.ndarray:
+    zero_points: NDArray[np.uint8] | None = None,
+    residual: NDArray[np.floating[Any]] | None = None,
+) -> NDArray[np.float32]:
     """MatMulNBits' weight (`[N, blocks, block_bytes]` uint8, scales `[N, blocks]`) as fp32 `[K, N]`.
 
     4-bit values and zero points are packed low nibble first; without zero points the zero point is
@@ -78,7 +79,7 @@ def dequantize_nbits(
     return np.ascontiguousarray(values.reshape(n, -1)[:, :k].T)
 
 
-def _nibbles(packed: np.ndarray) -> np.ndarray:
+def _nibbles(packed: NDArray[np.uint8]) -> NDArray[np.uint8]:
     """Two 4-bit values from each byte of the last axis, low nibble first: `[..., 2 * bytes]` uint8."""
     return np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
 
@@ -121,7 +122,8 @@ class DerivedGraphs:
 
     @staticmethod
     def _recipe_of(graph: Path) -> dict[str, Any]:
-        return json.loads(graph.with_name(recipe_name(graph.name)).read_text())
+        recipe: dict[str, Any] = json.loads(graph.with_name(recipe_name(graph.name)).read_text())
+        return recipe
 
     def _write(self, bundle: Bundle, name: str) -> None:
         """Write the graph, its recipe and its weights file; the record goes last, so a partial write never counts."""
@@ -156,14 +158,14 @@ def write_data(recipe: dict[str, Any], bundle: Bundle, out: Path, recipe_file: s
     what a packager writes: it reads only files the manifest lists and ranges inside them, and every tensor
     it writes lies inside the size it declares. Anything else is refused (`BundleError`) before it is done.
     """
-    sources: dict[str, np.memmap] = {}
+    sources: dict[str, np.memmap[Any, np.dtype[np.uint8]]] = {}
     size = int(recipe["size"])
 
-    def read(ref: dict[str, Any] | None) -> np.ndarray | None:
-        if ref is None:
-            return None
+    def read(ref: dict[str, Any]) -> NDArray[Any]:
+        """The tensor `ref` points at: inline, or a byte range of a bundle file; its dtype is the recipe's."""
         dtype, shape = np.dtype(ref["dtype"]), tuple(int(d) for d in ref["shape"])
         nbytes = int(np.prod(shape)) * dtype.itemsize
+        raw: bytes | NDArray[np.uint8]
         if "inline" in ref:
             raw = base64.b64decode(ref["inline"])
         else:
@@ -177,7 +179,10 @@ def write_data(recipe: dict[str, Any], bundle: Bundle, out: Path, recipe_file: s
             raise BundleError(f"{recipe_file} holds a tensor of the wrong size; rebuild the bundle")
         return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
-    def write(f: Any, offset: int, data: np.ndarray) -> None:
+    def read_optional(ref: dict[str, Any] | None) -> NDArray[Any] | None:
+        return None if ref is None else read(ref)
+
+    def write(f: BinaryIO, offset: int, data: NDArray[Any]) -> None:
         if offset < 0 or offset + data.nbytes > size:
             raise BundleError(f"{recipe_file} writes past the size it declares; rebuild the bundle")
         f.seek(offset)
@@ -186,16 +191,16 @@ def write_data(recipe: dict[str, Any], bundle: Bundle, out: Path, recipe_file: s
     with out.open("wb") as f:
         for tensor in recipe["tensors"]:
             if "copy" in tensor:
-                write(f, int(tensor["offset"]), read(tensor["copy"]))  # type: ignore[arg-type]
+                write(f, int(tensor["offset"]), read(tensor["copy"]))
                 continue
             spec = tensor["dequantize"]
-            residual_t = read(spec.get("residual_t"))  # stored as the graph multiplies by it: [blocks, N]
+            residual_t = read_optional(spec.get("residual_t"))  # stored as the graph multiplies by it: [blocks, N]
             weight = dequantize_nbits(
-                read(spec["blocks"]),  # type: ignore[arg-type]
-                read(spec["scales"]),  # type: ignore[arg-type]
+                read(spec["blocks"]),
+                read(spec["scales"]),
                 int(spec["bits"]),
                 int(spec["K"]),
-                read(spec.get("zero_points")),
+                read_optional(spec.get("zero_points")),
                 None if residual_t is None else residual_t.T,
             )
             write(f, int(tensor["offset"]), weight)

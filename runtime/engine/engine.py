@@ -25,10 +25,11 @@ import numpy as np
 from runtime.bundle import Bundle
 from runtime.engine.background import Idleness, StartupWork
 from runtime.engine.config import EngineConfig
+from runtime.engine.constraints import GrammarConstraint
 from runtime.engine.grammar_cache import CompiledGrammar, GrammarBudget, Grammars
-from runtime.engine.graphs import decode_graph_path, decodes_with_prefill_graph, prefill_graph_file
+from runtime.engine.graphs import decode_graph_path, decoder_facts, decodes_with_prefill_graph, prefill_graph_file
 from runtime.engine.huge_pages import CollapseReport
-from runtime.engine.kv_cache import KVPool, PrefixCache, context_for_budget
+from runtime.engine.kv_cache import KVArray, KVPool, PrefixCache, context_for_budget
 from runtime.engine.output import OutputProcessor
 from runtime.engine.providers import short_name
 from runtime.engine.reports import EngineStats, LoadTimes, RequestTiming, StepReport, request_timing
@@ -58,7 +59,7 @@ class Engine:
     ) -> None:
         """`session_build`: a session already being created for `bundle` (start-up starts it early)."""
         started = time.perf_counter()
-        facts = bundle.manifest.model
+        facts = decoder_facts(bundle)
         self.config = config
         self._facts = facts
         self.max_context = context_for_budget(facts, config.max_batch, config.kv_memory_bytes, config.max_context)
@@ -81,9 +82,10 @@ class Engine:
         self.grammars = Grammars(bundle.tokenizer_path, facts.vocab_size, facts.eos_token_ids, budget)
         session = build.result()
         prefill_session = None
+        session_s = build.duration
         if prefill_build is not None and not config.defer_prefill_graph:
             prefill_session = prefill_build.result()
-        session_s = max(build.duration, prefill_build.duration if prefill_session is not None else 0.0)
+            session_s = max(session_s, prefill_build.duration)
         self.provider = short_name(session.get_providers()[0])  # the one running the graph: `cpu`, `cuda`, …
         self._prefix_cache = PrefixCache(config.prefix_block_size, config.prefix_cache_bytes)
         self._decoder = decoder = DecoderSession(
@@ -177,7 +179,7 @@ class Engine:
         return [SequenceOutput.joined(merged[i]) for i in sorted(merged)]
 
     # Prefix KV: what a system prompt snapshot holds.
-    def compute_prefix(self, token_ids: Sequence[int]) -> np.ndarray:
+    def compute_prefix(self, token_ids: Sequence[int]) -> KVArray:
         """The KV of `token_ids` at positions `0..`: `[2 * layers, kv_heads, len(token_ids), head_dim]`."""
         if not 0 < len(token_ids) < self.max_context:
             raise InvalidRequestError(
@@ -185,7 +187,7 @@ class Engine:
             )
         ids = list(token_ids)
 
-        def compute() -> np.ndarray:
+        def compute() -> KVArray:
             self._use_prefill_graph(wait=True)  # a pinned prefix must be what a prompt's prefill computes
             return self._runner.compute_prefix(ids, self.config.prefill_chunk)
 
@@ -213,7 +215,7 @@ class Engine:
         huge_pages = self._startup.huge_pages
         return huge_pages.result() if huge_pages is not None else None
 
-    def pin_prefix(self, token_ids: Sequence[int], kv: np.ndarray) -> None:
+    def pin_prefix(self, token_ids: Sequence[int], kv: KVArray) -> None:
         """Keep `kv` for every prompt that starts with `token_ids` (never evicted); checks its layout first."""
         facts = self._facts
         expected = (2 * facts.num_layers, facts.num_kv_heads, len(token_ids), facts.head_dim)
@@ -391,6 +393,7 @@ class Engine:
             self.tokenizer, params, self._facts.eos_token_ids, request.request_id, index,
             len(request.prompt_token_ids), self.max_context,
         )  # fmt: skip
+        constraint: GrammarConstraint | None
         if grammar is not None:
             constraint = grammar.constraint()
         else:

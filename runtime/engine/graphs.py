@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from runtime.bundle import Bundle
+from runtime.bundle import Bundle, ModelFacts
 from runtime.engine.config import EngineConfig
 from runtime.engine.derived import DerivedGraphs, default_directory, recipe_name
 from runtime.engine.prepacked import PrepackedGraphs
@@ -30,6 +30,16 @@ INT8_DOT_PRODUCT_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})
 # Metadata of a prefill graph whose logits are each row's last prompt position (packager/export/prefill.py,
 # graph version 2 on): right-padded first chunks of several prompts may then share one run.
 ROW_LAST_POSITIONS = ("onnxfn.prefill_logits", "last position of each row")
+
+
+def decoder_facts(bundle: Bundle) -> ModelFacts:
+    """The facts of the bundle's decoder; a bundle without one (embedding, classification) has no graph here."""
+    facts = bundle.manifest.model
+    if facts is None:
+        raise ValueError(
+            f"the bundle at {bundle.path} serves {bundle.manifest.task}: it has no decoder to generate with"
+        )
+    return facts
 
 
 def bundle_graphs(bundle: Bundle, config: EngineConfig | None = None) -> list[Path]:

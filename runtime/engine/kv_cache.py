@@ -12,10 +12,16 @@ import hashlib
 import mmap
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
+from numpy.typing import NDArray
 
 from runtime.bundle import ModelFacts
+
+# A pool tensor `[slots, kv_heads, max_context, head_dim]`, or blocks of positions `[tensors, kv_heads, length,
+# head_dim]`; float32 or float16, as the model's `kv_dtype` says.
+KVArray: TypeAlias = NDArray[np.floating[Any]]
 
 
 def context_for_budget(facts: ModelFacts, slots: int, kv_memory_bytes: int, requested: int | None) -> int:
@@ -30,7 +36,7 @@ def context_for_budget(facts: ModelFacts, slots: int, kv_memory_bytes: int, requ
     return min(wanted, fits)
 
 
-def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype[np.floating[Any]]) -> KVArray:
     """Zeros whose memory the OS maps 4 KiB at a time, as it is first written.
 
     NumPy asks for transparent huge pages on large arrays (`MADV_HUGEPAGE`), so the first token written
@@ -50,7 +56,7 @@ class KVPool:
         dtype = np.dtype(facts.kv_dtype)
         shape = (slots, facts.num_kv_heads, max_context, facts.head_dim)
         # Graph order: all keys, then all values.
-        self.tensors: list[np.ndarray] = [lazy_zeros(shape, dtype) for _ in range(2 * facts.num_layers)]
+        self.tensors: list[KVArray] = [lazy_zeros(shape, dtype) for _ in range(2 * facts.num_layers)]
         self.slots = slots
         self.max_context = max_context
         self.bytes_per_token = facts.kv_bytes_per_token()
@@ -86,11 +92,11 @@ class KVPool:
         for tensor in self.tensors:
             tensor[dst, :, :length] = tensor[src, :, :length]
 
-    def read(self, slot: int, start: int, stop: int) -> np.ndarray:
+    def read(self, slot: int, start: int, stop: int) -> KVArray:
         """A copy of positions `start:stop` of `slot`: `[tensors, kv_heads, stop-start, head_dim]`."""
         return np.stack([t[slot, :, start:stop] for t in self.tensors])
 
-    def write(self, slot: int, start: int, block: np.ndarray) -> None:
+    def write(self, slot: int, start: int, block: KVArray) -> None:
         stop = start + block.shape[2]
         for tensor, part in zip(self.tensors, block, strict=True):
             tensor[slot, :, start:stop] = part
@@ -132,8 +138,8 @@ class PrefixCache:
         self.capacity_bytes = capacity_bytes
         self.used_bytes = 0
         self.hits = 0
-        self._blocks: OrderedDict[bytes, np.ndarray] = OrderedDict()
-        self._pinned: dict[tuple[int, ...], np.ndarray] = {}
+        self._blocks: OrderedDict[bytes, KVArray] = OrderedDict()
+        self._pinned: dict[tuple[int, ...], KVArray] = {}
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -142,7 +148,7 @@ class PrefixCache:
     def pinned_tokens(self) -> int:
         return sum(len(tokens) for tokens in self._pinned)
 
-    def pin(self, token_ids: Sequence[int], kv: np.ndarray) -> None:
+    def pin(self, token_ids: Sequence[int], kv: KVArray) -> None:
         """Keep `kv` (`[tensors, kv_heads, len(token_ids), head_dim]`) for prompts starting with `token_ids`."""
         if kv.ndim != 4 or kv.shape[2] != len(token_ids) or not token_ids:
             raise ValueError(f"a pinned prefix of {len(token_ids)} tokens needs KV [tensors, heads, tokens, dim]")
@@ -151,14 +157,14 @@ class PrefixCache:
         self.used_bytes += kv.nbytes - (previous.nbytes if previous is not None else 0)
         self._pinned[key] = kv
 
-    def match(self, token_ids: Sequence[int]) -> list[np.ndarray]:
+    def match(self, token_ids: Sequence[int]) -> list[KVArray]:
         """KV covering the longest cached prefix that leaves at least one token to compute.
 
         Either a chain of whole blocks or one pinned prefix, whichever is longer.
         """
         limit = len(token_ids) - 1
         usable = limit // self.block_size * self.block_size
-        found: list[tuple[bytes, np.ndarray]] = []
+        found: list[tuple[bytes, KVArray]] = []
         for key in block_keys(token_ids[:usable], self.block_size):
             block = self._blocks.get(key)
             if block is None:
@@ -174,15 +180,15 @@ class PrefixCache:
             self.hits += 1
         return [block for _, block in found]
 
-    def _longest_pin(self, token_ids: Sequence[int], limit: int) -> np.ndarray | None:
-        best: np.ndarray | None = None
+    def _longest_pin(self, token_ids: Sequence[int], limit: int) -> KVArray | None:
+        best: KVArray | None = None
         for tokens, kv in self._pinned.items():
             fits = len(tokens) <= limit and (best is None or len(tokens) > best.shape[2])
             if fits and tuple(token_ids[: len(tokens)]) == tokens:
                 best = kv
         return best
 
-    def load(self, blocks: list[np.ndarray], pool: KVPool, slot: int) -> int:
+    def load(self, blocks: list[KVArray], pool: KVPool, slot: int) -> int:
         """Copy `blocks` (in order, each `[tensors, heads, length, dim]`) into positions `0..` of `slot`.
 
         Returns the number of tokens loaded.

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from runtime.engine.kv_cache import KVPool
+from runtime.engine.kv_cache import KVArray, KVPool
 from runtime.engine.request import EngineError
 from runtime.engine.sampling import sample
 from runtime.engine.scheduler import ModelRunnerOutput, PrefillChunk, SchedulerOutput, SequenceState, SequenceStep
@@ -113,7 +113,7 @@ class ModelRunner:
         # KV is computed for the fed token and every accepted draft: one position per choice.
         return SequenceStep(seq, seq.num_computed + len(choices), tuple(choices), drafted=draft.size)
 
-    def compute_prefix(self, token_ids: list[int], chunk: int) -> np.ndarray:
+    def compute_prefix(self, token_ids: list[int], chunk: int) -> KVArray:
         """The KV of `token_ids` at positions `0..`, prefilled in a free slot that is released again.
 
         Runs between steps, so the acquired slot is the last one and releasing it moves nothing.

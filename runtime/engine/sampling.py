@@ -106,12 +106,14 @@ def sample(
     return choices
 
 
-def _log_softmax(rows: np.ndarray) -> np.ndarray:
-    shifted = rows - rows.max(axis=1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+def _log_softmax(rows: NDArray[np.float32]) -> NDArray[np.float32]:
+    # numpy types reductions with an axis as Any; the annotations say what they return here.
+    shifted: NDArray[np.float32] = rows - rows.max(axis=1, keepdims=True)
+    log_total: NDArray[np.float32] = np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return shifted - log_total
 
 
-def _top_logprobs(raw: np.ndarray, count: int) -> tuple[tuple[int, float], ...]:
+def _top_logprobs(raw: NDArray[np.float32], count: int) -> tuple[tuple[int, float], ...]:
     if count <= 0:
         return ()
     best = np.argpartition(raw, -count)[-count:]
@@ -154,8 +156,8 @@ def _apply_penalties_and_bias(
         logits[r, t] += np.concatenate(bias_vals)
 
 
-def _greedy_or_sampled(logits: np.ndarray, samplers: Sequence[SequenceSampler]) -> np.ndarray:
-    chosen = np.argmax(logits, axis=1)
+def _greedy_or_sampled(logits: NDArray[np.float32], samplers: Sequence[SequenceSampler]) -> NDArray[np.intp]:
+    chosen: NDArray[np.intp] = np.argmax(logits, axis=1)  # `[rows]`; numpy types an argmax along an axis as Any
     sampled = [i for i, s in enumerate(samplers) if not s.greedy]
     if not sampled:
         return chosen
@@ -169,7 +171,7 @@ def _greedy_or_sampled(logits: np.ndarray, samplers: Sequence[SequenceSampler]) 
     return chosen
 
 
-def _sample_row(scaled: np.ndarray, best: float, sampler: SequenceSampler) -> int:
+def _sample_row(scaled: NDArray[np.float32], best: float, sampler: SequenceSampler) -> int:
     """Sample from softmax(scaled) restricted by the row's top-k, top-p and min-p."""
     p = sampler.params
     if not np.isfinite(best):  # every token is impossible: nothing to sample from
@@ -190,7 +192,9 @@ def _sample_row(scaled: np.ndarray, best: float, sampler: SequenceSampler) -> in
     return int(candidates[min(pick, candidates.size - 1)])
 
 
-def _nucleus(candidates: np.ndarray, weights: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+def _nucleus(
+    candidates: NDArray[np.intp], weights: NDArray[np.float32], top_p: float
+) -> tuple[NDArray[np.intp], NDArray[np.float32]]:
     """The smallest set of most likely candidates whose mass reaches `top_p` of the total."""
     target = top_p * weights.sum(dtype=np.float64)
     # Sorting only the likely head is enough whenever the head alone reaches the target.

@@ -16,9 +16,11 @@ from typing import NamedTuple
 
 import numpy as np
 import onnxruntime as ort
+from numpy.typing import NDArray
 
 from runtime.bundle import DecoderIO
 from runtime.engine.graphs import ROW_LAST_POSITIONS
+from runtime.engine.kv_cache import KVArray
 
 
 class _Addresses(NamedTuple):
@@ -44,7 +46,7 @@ class DecoderSession:
         session: ort.InferenceSession,
         io: DecoderIO,
         num_layers: int,
-        cache: Sequence[np.ndarray],
+        cache: Sequence[KVArray],
         vocab_size: int,
         max_rows: int,
         max_chunk: int,
@@ -107,7 +109,7 @@ class DecoderSession:
     def has_prefill_graph(self) -> bool:
         return self._prefill_session is not self._session
 
-    def prefill(self, slot: int, token_ids: Sequence[int], past: int) -> np.ndarray:
+    def prefill(self, slot: int, token_ids: Sequence[int], past: int) -> NDArray[np.float32]:
         """Compute `token_ids` at positions `past..` of `slot`; returns logits `[rows, vocab]`.
 
         The rows are the last ones of the chunk: all of them from a graph that computes every position,
@@ -120,7 +122,7 @@ class DecoderSession:
         logits = self._run(self._prefill_session, slot, slot + 1, (1, count), mask, rows)
         return logits.reshape(rows, self._vocab_size)
 
-    def prefill_prompts(self, first_slot: int, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+    def prefill_prompts(self, first_slot: int, prompts: Sequence[Sequence[int]]) -> NDArray[np.float32]:
         """The first chunks of several prompts, in pool rows `first_slot..`, right-padded into one run.
 
         Returns each row's logits at its own last position, `[rows, vocab]`. Needs `prefills_prompts_together`.
@@ -137,7 +139,7 @@ class DecoderSession:
         logits = self._run(self._prefill_session, first_slot, first_slot + rows, (rows, width), mask, 1)
         return logits.reshape(rows, self._vocab_size)
 
-    def decode(self, rows: int, token_ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def decode(self, rows: int, token_ids: NDArray[np.int64], lengths: NDArray[np.int64]) -> NDArray[np.float32]:
         """One token per pool row `0..rows-1`; row i attends to its first `lengths[i]` positions.
 
         The mask is right-padded to the longest row, each row holding ones up to its own length. On the CPU
@@ -170,12 +172,12 @@ class DecoderSession:
             self._row_mask[length:] = 0
         self._row_length = length
 
-    def _stage_mask(self, lengths: np.ndarray, width: int) -> None:
+    def _stage_mask(self, lengths: NDArray[np.int64], width: int) -> None:
         """The attention mask `[rows, width]`, right-padded: row i holds ones up to `lengths[i]`."""
         mask = self._mask[: len(lengths) * width].reshape(len(lengths), width)
         np.less(self._positions[:width], lengths[:, None], out=mask, casting="unsafe")
 
-    def verify(self, token_ids: Sequence[int], past: int) -> np.ndarray:
+    def verify(self, token_ids: Sequence[int], past: int) -> NDArray[np.float32]:
         """The decode graph on `token_ids` at positions `past..` of pool row 0; returns logits `[len, vocab]`.
 
         Attention is causal among the new positions, so each one's logits are what a decode step would
@@ -196,7 +198,7 @@ class DecoderSession:
         ids_shape: tuple[int, int],
         mask: tuple[int, int, int],
         positions: int,
-    ) -> np.ndarray:
+    ) -> NDArray[np.float32]:
         """Run `session` on pool rows `start:stop`; logits come back for the last `positions` of each row.
 
         `mask`: the attention mask's rows, width and the address of the buffer holding it.

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from numpy.typing import NDArray
 
 from runtime.bundle import Bundle, ModelFacts
 from runtime.engine.config import EngineConfig
-from runtime.engine.graphs import prefill_graph_path, prefill_graph_usable
+from runtime.engine.graphs import decoder_facts, prefill_graph_path, prefill_graph_usable
 from runtime.engine.huge_pages import Interval, memory_map, subtract
 from runtime.engine.providers import plan_providers
 from runtime.threads import lower_priority
@@ -63,7 +64,7 @@ class WarmUp:
 
     facts: ModelFacts
 
-    def feed(self) -> dict[str, np.ndarray]:
+    def feed(self) -> dict[str, NDArray[np.generic]]:
         facts, io = self.facts, self.facts.io
         empty = np.zeros((1, facts.num_kv_heads, 0, facts.head_dim), dtype=facts.kv_dtype)
         feed = {io.input_ids: np.zeros((1, 1), np.int64), io.attention_mask: np.ones((1, 1), np.int64)}
@@ -171,7 +172,7 @@ def prefill_session_build(bundle: Bundle, config: EngineConfig, background: bool
         return None
     # A graph used at once gets its warm-up through the engine's bindings (`DecoderSession.warm_up`); one
     # built in the background is warmed on its own thread, before the engine switches to it.
-    warm_up = WarmUp(bundle.manifest.model) if background else None
+    warm_up = WarmUp(decoder_facts(bundle)) if background else None
     options = SessionOptions.for_engine(config)
     # Resolved on the building thread: a derived graph may be written first (engine/derived.py), and a failure
     # there is the build's, which a deferred build survives by serving prompts through the decode graph.
