@@ -9,4 +9,7 @@ bash scripts/setup_image_tools.sh
 bash scripts/setup_terraform_tools.sh
 # CRIU >= 4.1 for the local target's process snapshots (Debian 12 ships 3.17): built once per machine.
 bash scripts/setup_criu.sh
+# Types first (~30 s cold): mypy over packager/ and runtime/, strict on the deploy targets and the engine
+# ([tool.mypy] in pyproject.toml).
+.venv/bin/python -m mypy
 exec .venv/bin/python -m pytest -q "$@"
