@@ -115,6 +115,13 @@ class Manifest:
     encoder: EncoderFacts | None = None
 
     @property
+    def decoder(self) -> ModelFacts:
+        """The decoder's facts; `BundleError` naming the task for an embedding or classification bundle."""
+        if self.model is None:
+            raise BundleError(f"the bundle of {self.function} serves {self.task}: it has no decoder (text generation)")
+        return self.model
+
+    @property
     def precision(self) -> str:
         """How the bundle's weights are stored (`gguf`, `int4`, `int8`, `fp32`), decoder or encoder alike."""
         facts = self.model or self.encoder

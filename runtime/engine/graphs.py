@@ -34,12 +34,7 @@ ROW_LAST_POSITIONS = ("onnxfn.prefill_logits", "last position of each row")
 
 def decoder_facts(bundle: Bundle) -> ModelFacts:
     """The facts of the bundle's decoder; a bundle without one (embedding, classification) has no graph here."""
-    facts = bundle.manifest.model
-    if facts is None:
-        raise ValueError(
-            f"the bundle at {bundle.path} serves {bundle.manifest.task}: it has no decoder to generate with"
-        )
-    return facts
+    return bundle.manifest.decoder
 
 
 def bundle_graphs(bundle: Bundle, config: EngineConfig | None = None) -> list[Path]:
