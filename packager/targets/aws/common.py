@@ -12,6 +12,7 @@ talks to AWS or to a local stand-in.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -74,20 +75,37 @@ class AwsContext:
         return "amazonaws.com.cn" if self.partition == "aws-cn" else "amazonaws.com"
 
 
+def resolve_region(region: str | None, target: str) -> tuple[str, str]:
+    """The region to use and where it came from: `targets.TARGET.region`, then `$AWS_REGION` (what Lambda and
+    the AWS CLI v2 set; boto3 does not read it), then boto3's own `$AWS_DEFAULT_REGION` and the profile's
+    `region` in ~/.aws/config."""
+    if region:
+        return region, f"targets.{target}.region"
+    for variable in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        if os.environ.get(variable):
+            return os.environ[variable], f"${variable}"
+    import boto3
+
+    region = boto3.Session().region_name
+    if not region:
+        raise UserError(
+            f"no AWS region: set targets.{target}.region in function.toml, or the environment variable AWS_REGION "
+            "(or AWS_DEFAULT_REGION), or `region` in your AWS profile (~/.aws/config)"
+        )
+    return region, "the AWS profile's `region` (~/.aws/config)"
+
+
 def connect(target: str, region: str | None, endpoint_url: str | None) -> AwsContext:
     """A session for `target` whose credentials and region are checked before anything is planned."""
     import boto3
     import botocore.exceptions
 
-    session = boto3.Session(region_name=region) if region else boto3.Session()
-    region = session.region_name
-    key = f"targets.{target}.region"
-    if not region:
-        raise UserError(f"no AWS region: set {key} in function.toml, or AWS_REGION")
+    region, origin = resolve_region(region, target)
+    session = boto3.Session(region_name=region)
     partition = session.get_partition_for_region(region) if _known_region(session, region) else None
     if partition is None:
         raise UserError(
-            f"region {region!r} (from {key} or AWS_REGION) is not an AWS region; "
+            f"region {region!r} (from {origin}) is not an AWS region; "
             f"for example: {', '.join(session.get_available_regions('sts')[:6])}"
         )
     if session.get_credentials() is None:

@@ -16,13 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from packager.errors import UserError
 from packager.progress import StepProgress
 from packager.spec import FunctionSpec
 from packager.targets.aws import lambda_function as aws_lambda
 from packager.targets.aws import neuron
 from packager.targets.aws import sagemaker as aws_sagemaker
-from packager.targets.aws.common import AwsContext, Resource
+from packager.targets.aws.common import AwsContext, Resource, resolve_region
 from packager.targets.aws.resources import bundle_digest, function_image
 
 MODULES_DIR = Path(__file__).resolve().parents[3] / "infra" / "terraform" / "modules"
@@ -89,10 +88,7 @@ def emit_root_module(spec: FunctionSpec, target: str, out: Path, *, progress: St
 
 def _region(spec: FunctionSpec, target: str) -> str:
     settings = spec.targets.aws_lambda if target == "aws-lambda" else spec.targets.aws_sagemaker
-    region = settings.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    if not region:
-        raise UserError(f"no AWS region: set targets.{target}.region in function.toml, or AWS_REGION")
-    return region
+    return resolve_region(settings.region, target)[0]
 
 
 def _partition(region: str) -> str:
