@@ -14,8 +14,18 @@ from pathlib import Path
 from typing import Protocol
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
 from packager.spec import FunctionSpec
 
@@ -28,14 +38,22 @@ class StepRecord:
     detail: str = ""
 
 
+class _Count(ProgressColumn):
+    """`done/total` once a step reports a total; nothing while it is unknown (a spinner step)."""
+
+    def render(self, task: Task) -> Text:
+        return Text("" if task.total is None else f"{int(task.completed)}/{int(task.total)}")
+
+
 class StepHandle:
-    def __init__(self, progress: Progress, task_id: TaskID, record: StepRecord) -> None:
-        self._progress = progress
+    def __init__(self, progress: Progress | None, task_id: TaskID | None, record: StepRecord) -> None:
+        self._progress = progress  # None: no live display (stderr is not a terminal)
         self._task_id = task_id
         self.record = record
 
     def update(self, done: int, total: int) -> None:
-        self._progress.update(self._task_id, completed=done, total=total)
+        if self._progress is not None and self._task_id is not None:
+            self._progress.update(self._task_id, completed=done, total=total)
 
     def cached(self, detail: str = "") -> None:
         self.record.cached = True
@@ -52,18 +70,19 @@ class StepProgress:
         record = StepRecord(name)
         self.records.append(record)
         start = time.perf_counter()
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
-            console=self.console,
-            transient=True,
-        ) as progress:
-            task_id = progress.add_task(description, total=None)
-            handle = StepHandle(progress, task_id, record)
-            yield handle
+        if not self.console.is_terminal:  # a log or a pipe: the ✓ line alone, no spinner frames or blank lines
+            yield StepHandle(None, None, record)
+        else:
+            with Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                _Count(),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+            ) as progress:
+                yield StepHandle(progress, progress.add_task(description, total=None), record)
         record.seconds = time.perf_counter() - start
         mark = "[dim](cached)[/]" if record.cached else ""
         self.console.print(f"[green]✓[/] {description} {mark} [dim]{record.seconds:.1f}s[/]", highlight=False)

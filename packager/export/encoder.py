@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from importlib import metadata
@@ -113,7 +114,8 @@ def _export(hf_dir: Path, out: Path, classifier: bool) -> None:
 
     dynamic = {name: {0: "batch", 1: "tokens"} for name in INPUT_NAMES}
     dynamic[output_name] = {0: "batch"} if classifier else {0: "batch", 1: "tokens"}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        _ignore_harmless_export_warnings()
         raw = Path(tmp) / "unfused.onnx"
         torch.onnx.export(
             TokenEmbeddings(),
@@ -138,3 +140,23 @@ def _export(hf_dir: Path, out: Path, classifier: bool) -> None:
         "ops": dict(fused),
     }
     (out / EXPORT_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def _ignore_harmless_export_warnings() -> None:
+    """Silence the two warnings tracing a transformers encoder prints that do not apply here, and only those.
+
+    - aten::index with two index tensors ("If indices include negative values, the exported graph will produce
+      incorrect results"): transformers' padding mask is read as `padding_mask[batch_idx, kv_idx]` with
+      `arange`s, never negative. A mask read wrong would show in every build: parity against PyTorch, and
+      fp32's batch check (each sentence alone and in a padded batch, `min_batch_cosine`).
+    - TracerWarning "Converting a tensor to a Python boolean" in `transformers.masking_utils`: whether the
+      mask needs padding to the key length, which for an encoder (no cache) is always the input length:
+      the traced constant (no padding) holds for every input.
+    Any other warning, from these modules too, still prints.
+    """
+    warnings.filterwarnings(
+        "ignore", message=r"Exporting aten::index operator of advanced indexing", module=r"torch\.onnx\."
+    )
+    warnings.filterwarnings(
+        "ignore", message=r"Converting a tensor to a Python boolean", module=r"transformers\.masking_utils"
+    )
