@@ -85,10 +85,10 @@ def _checked_source(source: str, template: str) -> str:
     """`--model` as the spec will read it: checked to exist (and for an encoder template, to be that kind of
     model), a relative path made absolute (the spec would resolve it against the function folder, the user
     typed it relative to where they stand)."""
+    path = locate_source(source, Path.cwd())  # as typed, so its errors quote what the user wrote
     scheme, _, rest = source.partition(":")
     if scheme in ("gguf", "hf") and rest and not Path(rest).expanduser().is_absolute():
         source = f"{scheme}:{Path(rest).resolve()}"
-    path = locate_source(source, Path.cwd())
     if template not in ("embed", "classify"):
         return source
     if not isinstance(path, Path):
@@ -106,14 +106,15 @@ def _checked_source(source: str, template: str) -> str:
     return source
 
 
-def commented_keys(section: str, skip: Sequence[str] = ()) -> str:
-    """Every key under `section` as commented-out TOML with its meaning and default, nested tables included.
+def commented_keys(section: str, skip: Sequence[str] = (), task: str | None = None) -> str:
+    """Every key under `section` as commented-out TOML with its meaning and default, nested tables included;
+    with `task`, only the keys that task reads (`spec_reference.TASK_KEYS`).
 
     The section's own description is left to the template, which places it under the table header.
     """
     lines: list[str] = []
     for key in spec_keys():
-        if not key.key.startswith(section + ".") or key.key in skip:
+        if not key.key.startswith(section + ".") or key.key in skip or (task and not key.applies_to(task)):
             continue
         if key.section:
             optional = "  (optional table)" if key.default == "absent" else ""

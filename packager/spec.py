@@ -127,7 +127,7 @@ SAGEMAKER_INSTANCE_TYPES = (
 class AwsLambdaTarget:
     """`pkg deploy --target aws-lambda`: the image in ECR, a function URL, and an SQS queue with a DLQ."""
 
-    region: str | None = None  # default: boto3's ($AWS_REGION, ~/.aws/config)
+    region: str | None = None  # default: $AWS_REGION, $AWS_DEFAULT_REGION, ~/.aws/config (aws.resolve_region)
     endpoint_url: str | None = None  # default: $AWS_ENDPOINT_URL, else AWS itself
     memory_mb: int = bounded(3008, lo=128, hi=10240)
     timeout_seconds: int = bounded(120, lo=1, hi=900)
@@ -255,6 +255,20 @@ class FunctionSpec:
     # Where the spec was read from, and the sha256 of its parsed values; not keys of the TOML file.
     directory: Path = field(default=Path("."), metadata={"internal": True})
     digest: str = field(default="", metadata={"internal": True})
+
+
+def spec_table(value: Any) -> Any:
+    """A spec (or one of its sections) as the TOML table it resolves to: every key, defaults filled in, under its
+    TOML name (`aws-lambda`); an absent optional table is None. What `pkg validate --json` reports."""
+    if hasattr(value, "__dataclass_fields__"):
+        return {
+            f.metadata.get("key", f.name): spec_table(getattr(value, f.name))
+            for f in fields(value)
+            if not f.metadata.get("internal")
+        }
+    if isinstance(value, list | tuple):
+        return [spec_table(item) for item in value]
+    return value
 
 
 class SpecError(UserError):

@@ -20,6 +20,10 @@ from packager.spec import FunctionSpec
 
 REFERENCE_PATH = Path(__file__).resolve().parents[1] / "docs" / "function-toml.md"
 
+_REGION_DOC = (
+    "AWS region (default: `$AWS_REGION`, else `$AWS_DEFAULT_REGION`, else the AWS profile's `region` in "
+    "`~/.aws/config`)."
+)
 KEY_DOCS: dict[str, str] = {
     "name": "Function name: letters, digits, `-`, `_`. Names the build folder, the endpoint and cloud resources.",
     "model": "Where the weights come from and what the model does.",
@@ -67,7 +71,7 @@ KEY_DOCS: dict[str, str] = {
     "export.quality.max_probability_delta": "Classifiers: largest difference of any label's probability from "
     "fp32's on the fixed sentence set, each sentence alone and inside a padded batch.",
     "runtime": "How the runtime serves the bundle on every target.",
-    "runtime.max_batch": "Sequences decoded together (KV-cache slots).",
+    "runtime.max_batch": "Sequences decoded together (KV-cache slots); an encoder's rows per forward pass.",
     "runtime.max_queue": "Requests waiting for a slot before new ones get HTTP 429 with `Retry-After`.",
     "runtime.kv_memory_mb": "Memory budget of the KV cache; admission never exceeds it.",
     "runtime.prefix_cache_mb": "Memory budget of the prefix cache (KV of shared prompt prefixes, LRU).",
@@ -104,8 +108,8 @@ KEY_DOCS: dict[str, str] = {
     "runtime.sampling.max_tokens": "Default completion length.",
     "endpoint": "Limits and authentication of the HTTP API.",
     "endpoint.max_tokens": "Largest `max_tokens` a request may ask for (HTTP 400 beyond it).",
-    "endpoint.max_prompt_tokens": "Longest prompt accepted (default: the context minus one token); must be below "
-    "`export.max_context`.",
+    "endpoint.max_prompt_tokens": "Longest prompt accepted (default: the context minus one token; an encoder's "
+    "longest input); must be below `export.max_context`.",
     "endpoint.api_key_env": "Environment variable holding the bearer token; unset = no authentication.",
     "targets": "Per-target settings for `pkg deploy --target NAME`; a target's table is optional.",
     "targets.local": "The embedded default: the runtime server as a background process on this machine.",
@@ -119,7 +123,7 @@ KEY_DOCS: dict[str, str] = {
     "weights are memory-mapped instead of rebuilt on the heap at every start (~640 MB less resident memory for the "
     "demo, and a process snapshot without them). Decoder bundles on the `cpu` provider.",
     "targets.aws-lambda": "A container-image Lambda function with a function URL and an SQS queue + DLQ.",
-    "targets.aws-lambda.region": "AWS region (default: boto3's, from `$AWS_REGION` or `~/.aws/config`).",
+    "targets.aws-lambda.region": _REGION_DOC,
     "targets.aws-lambda.endpoint_url": "AWS endpoint (default: `$AWS_ENDPOINT_URL`, else AWS itself).",
     "targets.aws-lambda.memory_mb": "Function memory; Lambda allocates CPU in proportion.",
     "targets.aws-lambda.timeout_seconds": "Invocation timeout.",
@@ -136,7 +140,7 @@ KEY_DOCS: dict[str, str] = {
     "targets.aws-lambda.max_concurrency": "Concurrent invocations the SQS event source may start; unset = no cap.",
     "targets.aws-lambda.log_retention_days": "CloudWatch Logs retention.",
     "targets.aws-sagemaker": "A SageMaker endpoint on GPU (ml.g5/g6) or Inferentia (ml.inf2) with autoscaling.",
-    "targets.aws-sagemaker.region": "AWS region (default: boto3's).",
+    "targets.aws-sagemaker.region": _REGION_DOC,
     "targets.aws-sagemaker.endpoint_url": "AWS endpoint (default: `$AWS_ENDPOINT_URL`, else AWS itself).",
     "targets.aws-sagemaker.instance_type": "Instance type; `ml.inf2.*` selects the Neuron build.",
     "targets.aws-sagemaker.mode": "`realtime` endpoints, or `async` (requests queue in S3; allows zero instances).",
@@ -166,7 +170,7 @@ KEY_DOCS: dict[str, str] = {
     "targets.edge.chunk_mb": "Upload chunk size; an interrupted push resumes at the last complete chunk.",
     "targets.greengrass": "An AWS IoT Greengrass v2 component (artifacts in S3) deployed to a thing group's core "
     "devices; see docs/targets/edge.md for what is and is not verified.",
-    "targets.greengrass.region": "AWS region (default: boto3's).",
+    "targets.greengrass.region": _REGION_DOC,
     "targets.greengrass.endpoint_url": "AWS endpoint for every service (default: `$AWS_ENDPOINT_URL`); "
     "`$AWS_ENDPOINT_URL_GREENGRASSV2` redirects Greengrass alone.",
     "targets.greengrass.thing_group": "Thing group whose core devices run the component; required, and must exist.",
@@ -202,6 +206,46 @@ KEY_DOCS: dict[str, str] = {
 }
 
 
+GENERATIVE = ("chat", "completion")
+# The keys only some `model.task`s read (a section: every key in it); every other key applies to every task.
+# `pkg init` leaves the others out of an embed or classify template, and the reference says whom they serve.
+TASK_KEYS: dict[str, tuple[str, ...]] = {
+    "model.architecture": GENERATIVE,
+    "export.block_size": GENERATIVE,  # encoders' int8-nbits uses blocks of 32
+    "export.accuracy_level": GENERATIVE,
+    "export.max_context": GENERATIVE,  # an encoder's longest input is its own (sentence_bert_config.json, config)
+    "export.prefill_graph": GENERATIVE,
+    "export.quality.min_top1_agreement": (*GENERATIVE, "classification"),
+    "export.quality.max_mean_kl": GENERATIVE,
+    "export.quality.max_perplexity_increase_pct": GENERATIVE,
+    "export.quality.min_mean_cosine": ("embedding",),
+    "export.quality.min_cosine": ("embedding",),
+    "export.quality.min_neighbour_agreement": ("embedding",),
+    "export.quality.min_batch_cosine": ("embedding",),
+    "export.quality.max_probability_delta": ("classification",),
+    "runtime.kv_memory_mb": GENERATIVE,
+    "runtime.prefix_cache_mb": GENERATIVE,
+    "runtime.prefill_chunk": GENERATIVE,
+    "runtime.spin": GENERATIVE,  # the encoder's session never spins
+    "runtime.decode": GENERATIVE,
+    "runtime.prefill_matmuls": GENERATIVE,
+    "runtime.system_prompt": GENERATIVE,
+    "runtime.sampling": GENERATIVE,
+    "endpoint.max_tokens": GENERATIVE,
+    "targets.local.prepack": GENERATIVE,
+}
+
+
+def tasks_of(key: str) -> tuple[str, ...] | None:
+    """The tasks that read `key` (a dotted path), or None when every task does."""
+    parts = key.split(".")
+    for end in range(len(parts), 0, -1):
+        tasks = TASK_KEYS.get(".".join(parts[:end]))
+        if tasks is not None:
+            return tasks
+    return None
+
+
 @dataclass(frozen=True)
 class SpecKey:
     key: str  # dotted TOML path
@@ -215,10 +259,17 @@ class SpecKey:
     def used_by(self) -> str:
         head = self.key.split(".")
         if head[0] == "targets" and len(head) > 1:
-            return f"`--target {head[1]}`"
-        if head[0] in ("model", "export", "image", "name"):
-            return "`pkg build`"
-        return "runtime (every target)"
+            user = f"`--target {head[1]}`"
+        elif head[0] in ("model", "export", "image", "name"):
+            user = "`pkg build`"
+        else:
+            user = "runtime (every target)"
+        tasks = tasks_of(self.key)
+        return f"{user}; {', '.join(tasks)} only" if tasks else user
+
+    def applies_to(self, task: str) -> bool:
+        tasks = tasks_of(self.key)
+        return tasks is None or task in tasks
 
 
 def spec_keys() -> list[SpecKey]:
