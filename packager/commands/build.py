@@ -1,10 +1,15 @@
-"""`pkg build functions/NAME`: export, quantize, verify and bundle; then print what was built."""
+"""`pkg build functions/NAME`: export, quantize, verify and bundle; then print what was built.
+
+`--json` prints one object on stdout instead of the tables (progress stays on stderr): the bundle's path,
+digest, size and precision, every candidate's quality figures, the steps, and the image when one is built.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,17 +18,27 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from packager.build import BuildResult
+    from packager.encoder.build import EncoderBuildResult
+    from packager.image.build import ImageResult
 
 from packager.decoder_facts import decoder_facts
 from packager.progress import StepProgress, print_build_outcome
-from packager.spec import FunctionSpec, load_spec
+from packager.sources import locate_source
+from packager.sources.task_fit import check_source_fits_task
+from packager.spec import FunctionSpec, load_spec, spec_table
+from packager.spec_reference import spec_keys
 
 console = Console()
+# Model facts the JSON result leaves out: the runtime's wiring, not figures about the model.
+_INTERNAL_FACTS = ("chat_template", "io", "input_names", "output_name")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("build", help="export, quantize, verify and bundle a function")
     parser.add_argument("function", type=Path, help="function folder holding function.toml")
+    parser.add_argument(
+        "--json", action="store_true", help="print the result as one JSON object on stdout (progress on stderr)"
+    )
     parser.set_defaults(run=run)
 
 
@@ -32,10 +47,18 @@ def run(args: argparse.Namespace) -> int:
     from packager.build import BuildResult, build_function
 
     spec = load_spec(args.function)
+    # A source the task cannot serve is refused here, naming both keys, before anything is dequantized.
+    check_source_fits_task(spec.model.source, locate_source(spec.model.source, spec.directory), spec.model.task)
     progress = StepProgress()
     start = time.perf_counter()
     result = build_function(spec, progress)
     elapsed = time.perf_counter() - start
+    if args.json:
+        report = build_report(result, progress, elapsed)
+        if spec.image is not None:
+            report["image"] = _image_report(_build_image(spec, result.bundle, progress))
+        print(json.dumps(report, indent=2, default=str))
+        return 0
     if isinstance(result, BuildResult):
         _print_summary(result, progress, elapsed)
     else:  # an encoder task's build
@@ -43,23 +66,70 @@ def run(args: argparse.Namespace) -> int:
 
         print_encoder_summary(result, progress, elapsed)
     if spec.image is not None:
-        _build_image(spec, result.bundle, progress)
+        from packager.commands.image import print_image
+
+        print_image(spec.name, _build_image(spec, result.bundle, progress))
     return 0
 
 
-def _build_image(spec: FunctionSpec, bundle: Path, progress: StepProgress) -> None:
+def _build_image(spec: FunctionSpec, bundle: Path, progress: StepProgress) -> ImageResult:
     """The spec has an [image] section: also write the OCI image, and push it when a registry is set."""
-    from packager.commands.image import print_image
     from packager.image import RegistryAuth, RegistryTarget, build_image
 
     assert spec.image is not None
     target = None
     if spec.image.registry:
         target = RegistryTarget.parse(spec.image.registry, auth=RegistryAuth.from_env())
-    image = build_image(
+    return build_image(
         bundle, spec, platforms=tuple(spec.image.platforms), progress=progress, tag=spec.image.tag, push_to=target
     )
-    print_image(spec.name, image)
+
+
+def build_report(result: BuildResult | EncoderBuildResult, progress: StepProgress, elapsed: float) -> dict[str, Any]:
+    """What `pkg build --json` prints: the same facts as the tables, as values."""
+    from packager.build import BuildResult
+
+    spec, manifest = result.spec, result.manifest
+    facts = manifest.model or manifest.encoder
+    compared = result.compared if isinstance(result, BuildResult) else []
+    budget_keys = {key.key.rsplit(".", 1)[-1] for key in spec_keys() if key.key.startswith("export.quality.")
+                   and key.applies_to(spec.model.task)}  # fmt: skip
+    budget = {key: value for key, value in spec_table(spec.export.quality).items() if key in budget_keys}
+    return {
+        "function": spec.name,
+        "task": manifest.task,
+        "bundle": str(Path(result.bundle).resolve()),
+        "bundle_reused": result.bundle_reused,
+        "digest": manifest.digest,
+        "size_bytes": sum(f.size for f in manifest.files.values()),
+        "files": len(manifest.files),
+        "precision": result.chosen.precision,
+        "precision_from": "function.toml" if spec.export.precision != "auto" else "auto",
+        "model": {k: v for k, v in asdict(facts).items() if k not in _INTERNAL_FACTS} if facts else None,
+        "parity": asdict(result.parity),
+        "quality": {
+            "budget": budget,
+            "candidates": [
+                {**asdict(c), "passes": c.passes, "chosen": c is result.chosen, "compared_only": False}
+                for c in result.candidates
+            ]
+            + [{**asdict(c), "passes": c.passes, "chosen": False, "compared_only": True} for c in compared],
+        },
+        "steps": [{"name": r.name, "seconds": round(r.seconds, 3), "cached": r.cached} for r in progress.records],
+        "seconds": round(elapsed, 3),
+        "image": None,
+    }
+
+
+def _image_report(image: ImageResult) -> dict[str, Any]:
+    push = image.push
+    return {
+        "layout": str(image.layout),
+        "tag": image.tag,
+        "index_digest": image.index_digest,
+        "manifests": image.manifests,
+        "pushed_to": push.reference if push is not None else None,
+    }
 
 
 def _print_summary(result: BuildResult, progress: StepProgress, elapsed: float) -> None:

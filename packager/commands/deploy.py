@@ -2,19 +2,23 @@
 
 `--plan` prints what would change, as a table, and changes nothing. `--emit-terraform DIR` writes a
 Terraform root module with the same resources and settings instead of deploying (AWS targets).
+`--json` prints one object on stdout instead of the tables (progress stays on stderr): the plan, whether it
+was applied, and where the function answers: URL, model name, state, bundle digest.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from packager.progress import StepProgress
-from packager.spec import load_spec
-from packager.targets.base import READY_TIMEOUT, TARGETS, PlanRow, target
+from packager.spec import FunctionSpec, load_spec
+from packager.targets.base import READY_TIMEOUT, TARGETS, Deployment, Plan, PlanRow, Target, target
 
 console = Console()
 err_console = Console(stderr=True)
@@ -32,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--ready-timeout", type=float, default=READY_TIMEOUT, help="seconds to wait for the endpoint (local)"
     )
+    parser.add_argument(
+        "--json", action="store_true", help="print the result as one JSON object on stdout (progress on stderr)"
+    )
     parser.set_defaults(run=run)
 
 
@@ -41,10 +48,17 @@ def run(args: argparse.Namespace) -> int:
     progress = StepProgress(console=err_console)
     if args.emit_terraform is not None:
         written = chosen.emit_terraform(spec, args.emit_terraform, progress)
+        if args.json:
+            _print_json({"function": spec.name, "target": args.target, "terraform": [str(p) for p in written]})
+            return 0
         console.print(f"wrote {len(written)} files to {args.emit_terraform}: {', '.join(p.name for p in written)}")
         console.print("push the image first (pkg image push), then: terraform init && terraform apply", highlight=False)
         return 0
     plan = chosen.plan(spec, progress)
+    if args.json:
+        deployment = None if plan.no_changes or args.plan else chosen.apply(plan, progress)
+        _print_json(deploy_report(spec, args.function, chosen, plan, deployment))
+        return 0
     if plan.no_changes:
         console.print(f"no changes: {spec.name} on {args.target} is up to date ({len(plan.rows())} resources)")
         return 0
@@ -58,6 +72,36 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     console.print(deployment.next_step(args.function), highlight=False)
     return 0
+
+
+def deploy_report(
+    spec: FunctionSpec, function_dir: Path, chosen: Target, plan: Plan, deployment: Deployment | None
+) -> dict[str, Any]:
+    """What `pkg deploy --json` prints: the plan, whether it was applied, and where the function answers now
+    (the target's status, alike for every target; null when it is not deployed there, as after a first `--plan`)."""
+    status = chosen.status(spec)
+    return {
+        "function": spec.name,
+        "target": chosen.name,
+        "model": spec.name,  # the `model` requests name (the server's --model-name)
+        "where": plan.where,
+        "changes": not plan.no_changes,
+        "applied": deployment is not None,
+        "plan": [
+            {"action": action, "resource": kind, "name": name, "settings": detail}
+            for action, kind, name, detail in plan.rows()
+        ],
+        "url": status.url if status else None,
+        "state": status.state if status else None,
+        "bundle_digest": status.bundle_digest if status else None,
+        "detail": status.detail if status else None,
+        "summary": dict(deployment.summary()) if deployment is not None else None,
+        "next_step": deployment.next_step(function_dir) if deployment is not None else None,
+    }
+
+
+def _print_json(report: dict[str, Any]) -> None:
+    print(json.dumps(report, indent=2, default=str))
 
 
 def print_plan(rows: list[PlanRow], title: str) -> None:
