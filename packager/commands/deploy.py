@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from packager.progress import StepProgress
 from packager.spec import FunctionSpec, load_spec
@@ -95,7 +96,8 @@ def deploy_report(
         "state": status.state if status else None,
         "bundle_digest": status.bundle_digest if status else None,
         "detail": status.detail if status else None,
-        "summary": dict(deployment.summary()) if deployment is not None else None,
+        # The rows carry rich markup for the table (`[bold]URL[/]`): the JSON has their plain text.
+        "summary": {k: Text.from_markup(v).plain for k, v in deployment.summary()} if deployment else None,
         "next_step": deployment.next_step(function_dir) if deployment is not None else None,
     }
 

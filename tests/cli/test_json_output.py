@@ -100,7 +100,7 @@ class _Plan:
 
 class _Deployment:
     def summary(self) -> list[tuple[str, str]]:
-        return [("url", "http://127.0.0.1:8123/v1"), ("api key", "in a file")]
+        return [("url", "[bold]http://127.0.0.1:8123/v1[/] (OpenAI-compatible)"), ("api key", "in a file")]
 
     def next_step(self, function_dir: Path) -> str:
         return f"pkg invoke {function_dir} hello"
@@ -146,6 +146,7 @@ def test_deploy_json_says_where_the_function_answers(
     assert (deployed["target"], deployed["model"], deployed["state"]) == ("local", "fake", "ready")
     assert deployed["url"] == "http://127.0.0.1:8123/v1" and deployed["bundle_digest"] == "sha256:abc"
     assert deployed["summary"]["api key"] == "in a file" and deployed["next_step"].startswith("pkg invoke")
+    assert deployed["summary"]["url"] == "http://127.0.0.1:8123/v1 (OpenAI-compatible)"  # the table's markup is gone
 
     code, again, _ = run_json(capsys, "deploy", str(folder))
     assert (again["changes"], again["applied"], again["state"]) == (False, False, "ready")
