@@ -1,7 +1,9 @@
-"""Where `pkg` keeps things: build outputs per function, and a content-addressed cache shared by builds."""
+"""Where `pkg` keeps things: build outputs per function, a content-addressed cache shared by builds, and the
+per-user state of what runs on this machine."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -20,3 +22,25 @@ def cache_root() -> Path:
     """`$ONNXFN_CACHE_DIR`, else `~/.cache/onnxfn`: dequantized weights and exports keyed by content hash."""
     configured = os.environ.get("ONNXFN_CACHE_DIR")
     return Path(configured) if configured else Path.home() / ".cache" / "onnxfn"
+
+
+def state_root() -> Path:
+    """`$XDG_STATE_HOME/onnxfn`, else `~/.local/state/onnxfn`: what runs on this machine, for this user.
+
+    Not under the current folder: `pkg status`, `ps` and `destroy` must find a deployment from anywhere.
+    The XDG spec says a relative `$XDG_STATE_HOME` is invalid and is ignored.
+    """
+    configured = os.environ.get("XDG_STATE_HOME", "")
+    base = Path(configured) if configured and Path(configured).is_absolute() else Path.home() / ".local" / "state"
+    return base / "onnxfn"
+
+
+def function_state_dir(spec: FunctionSpec, root: Path | None = None) -> Path:
+    """`STATE_ROOT/functions/FOLDER-HASH`: one folder per function folder, keyed by its resolved path.
+
+    The folder's name keeps it readable; the hash of the whole path keeps two `functions/chat` of different
+    projects apart, and gives the same folder whichever relative path or current folder named the function.
+    """
+    folder = spec.directory.resolve()
+    digest = hashlib.sha256(str(folder).encode()).hexdigest()[:12]
+    return (root or state_root()) / "functions" / f"{folder.name}-{digest}"

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_FUNCTION = REPO / "functions" / "smollm2-chat"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """`$XDG_STATE_HOME` for the session: what tests deploy never lands in the user's ~/.local/state/onnxfn,
+    and `pkg ps` in a test never sees the user's own deployments. Subprocesses inherit it."""
+    state = tmp_path_factory.mktemp("xdg-state")
+    previous = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(state)
+    yield state
+    if previous is None:
+        os.environ.pop("XDG_STATE_HOME", None)
+    else:
+        os.environ["XDG_STATE_HOME"] = previous
 
 
 @pytest.fixture(scope="session")

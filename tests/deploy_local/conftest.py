@@ -1,4 +1,5 @@
-"""The `local` target's test workspace: a folder of its own holding `functions/NAME` and `build/NAME/bundle`."""
+"""The `local` target's test workspace: a folder of its own holding `functions/NAME`, `build/NAME/bundle` and the
+per-user state folder (`$XDG_STATE_HOME`) its `pkg` commands use."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from packager.paths import function_state_dir
+from packager.spec import load_spec
 from tests.conftest import DEMO_FUNCTION
 
 FUNCTION = "smollm2-chat"
@@ -24,8 +27,10 @@ class Workspace:
     def __init__(self, root: Path, bundle: Path) -> None:
         self.root = root
         self.bundle = bundle
+        self.state_root = root / "xdg-state" / "onnxfn"
         # A wide terminal, so rich does not wrap the messages the tests look for.
-        self.env = {**{k: v for k, v in os.environ.items() if k != KEY_ENV}, "COLUMNS": "250"}
+        env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
+        self.env = {**env, "COLUMNS": "250", "XDG_STATE_HOME": str(self.state_root.parent)}
 
     def add_function(self, name: str, toml: str | None = None) -> Path:
         folder = self.root / "functions" / name
@@ -37,26 +42,28 @@ class Workspace:
         (build / "bundle").symlink_to(self.bundle)
         return folder
 
-    def pkg(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    def pkg(self, *args: str, timeout: float = 180, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "packager.cli", *args],
-            cwd=self.root,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+            self.command(*args), cwd=cwd or self.root, env=self.env, capture_output=True, text=True, timeout=timeout
         )
 
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "packager.cli", *args]
+
+    def state_dir(self, name: str = FUNCTION) -> Path:
+        """The function's per-user state folder, as `pkg` computes it."""
+        return function_state_dir(load_spec(self.root / "functions" / name), root=self.state_root)
+
     def state(self, name: str = FUNCTION) -> dict[str, object]:
-        return json.loads((self.root / "build" / name / "local" / "state.json").read_text())
+        return json.loads((self.state_dir(name) / "state.json").read_text())
 
 
 @pytest.fixture
 def workspace(tmp_path: Path, demo_bundle: Path) -> Iterator[Workspace]:
     space = Workspace(tmp_path, demo_bundle.resolve())
     yield space
-    # Never leave a server behind, whatever the test did.
-    for state_file in tmp_path.glob("build/*/local/state.json"):
+    # Never leave a server behind, whatever the test did (records of earlier versions included).
+    for state_file in [*space.state_root.glob("functions/*/state.json"), *tmp_path.glob("build/*/local/state.json")]:
         pid = json.loads(state_file.read_text())["pid"]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)

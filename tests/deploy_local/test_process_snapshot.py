@@ -7,8 +7,11 @@ it depends on changed or the restore fails, and then start fresh and dump again.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import stat
+import time
 from pathlib import Path
 
 import openai
@@ -31,15 +34,21 @@ def deploy(space: Workspace, folder: Path) -> dict[str, object]:
 
 
 def greedy_reply(state: dict[str, object], space: Workspace) -> str:
-    key = (space.root / "build" / FUNCTION / "local" / "api-key").read_text().strip()
+    key = (space.state_dir() / "api-key").read_text()
     reply = client_for(state, key).chat.completions.create(
         model=FUNCTION, messages=QUESTION, max_tokens=24, temperature=0
     )
     return reply.choices[0].message.content or ""
 
 
+def wait_gone(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def snapshot_meta(space: Workspace) -> Path:
-    return space.root / "build" / FUNCTION / "local" / "process-snapshot" / "snapshot.json"
+    return space.state_dir() / "process-snapshot" / "snapshot.json"
 
 
 def test_a_redeploy_resumes_the_snapshot_and_answers_like_a_fresh_start(workspace: Workspace) -> None:
@@ -53,7 +62,7 @@ def test_a_redeploy_resumes_the_snapshot_and_answers_like_a_fresh_start(workspac
     dumped = sum(path.stat().st_size for path in snapshot_meta(workspace).parent.iterdir())
     assert dumped < 200 << 20, f"{dumped >> 20} MiB"
     fresh_reply = greedy_reply(first, workspace)
-    old_key = (workspace.root / "build" / FUNCTION / "local" / "api-key").read_text().strip()
+    old_key = (workspace.state_dir() / "api-key").read_text()
 
     assert workspace.pkg("destroy", str(folder), "--target", "local").returncode == 0
     assert not pid_alive(int(str(first["pid"])))
@@ -66,7 +75,7 @@ def test_a_redeploy_resumes_the_snapshot_and_answers_like_a_fresh_start(workspac
     # destroy removed the generated key and this deploy wrote a new one: the resumed server re-read it.
     with pytest.raises(openai.AuthenticationError):
         client_for(second, old_key).models.list()
-    log = (workspace.root / "build" / FUNCTION / "local" / "server.log").read_text()
+    log = (workspace.state_dir() / "server.log").read_text()
     assert "restored from a snapshot: generators reseeded" in log
 
     # status and destroy treat the resumed process like any other deployment.
@@ -74,6 +83,14 @@ def test_a_redeploy_resumes_the_snapshot_and_answers_like_a_fresh_start(workspac
     assert status.returncode == 0 and "ready" in status.stdout
     assert workspace.pkg("destroy", str(folder), "--target", "local").returncode == 0
     assert not pid_alive(int(str(second["pid"])))
+    # Nobody waits on a resumed process, so nothing records how it ends: status says so and shows its log.
+    assert workspace.pkg("deploy", str(folder)).returncode == 0
+    third = workspace.state()
+    assert third["start"] == "restored" and third["exit_file"] == ""
+    os.kill(int(str(third["pid"])), signal.SIGKILL)
+    wait_gone(int(str(third["pid"])))
+    gone = workspace.pkg("status", str(folder))
+    assert gone.returncode == 1 and "it was resumed from a process snapshot" in gone.stdout
 
 
 def test_a_snapshot_that_no_longer_matches_is_ignored_and_replaced(workspace: Workspace) -> None:

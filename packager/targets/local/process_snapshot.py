@@ -3,9 +3,9 @@
 A fresh server spends about a second before its first token: the interpreter, `import onnxruntime`, the
 session build, the tokenizer, the HTTP stack. All of that is the same every time, so after a deploy is
 ready and warm, `criu dump --leave-running` writes the process (its memory, threads, listening socket)
-to `build/NAME/local/process-snapshot/`; the next deploy restores that instead of starting Python. This
-is Lambda SnapStart's idea on one machine, and the server runs SnapStart's after-restore hook (reseed
-the random generators) when the launcher sends it SIGUSR1.
+to `process-snapshot/` in the function's state folder; the next deploy restores that instead of starting
+Python. This is Lambda SnapStart's idea on one machine, and the server runs SnapStart's after-restore hook
+(reseed the random generators) when the launcher sends it SIGUSR1.
 
 The restore reads the whole image back before the process runs again, so the image is kept small: the
 server maps its weights from the prepacked graphs (runtime/engine/prepacked.py), file-backed pages CRIU does
@@ -45,6 +45,10 @@ import runtime
 # A restored process gets its pid back, so the server runs as the first process of a pid namespace of its own,
 # where that pid is always free; `setsid` makes it lead its session there, as CRIU requires.
 ISOLATION = ("unshare", "--pid", "--fork", "setsid")
+# The same for a launcher that forks the server itself (server_process.launch): without `--fork`, unshare
+# execs the launcher in this pid namespace, and the launcher's first child starts the new one. (With `--fork`,
+# unshare would report a server killed by SIGKILL as "exit 1": util-linux 2.38 cannot re-raise SIGKILL.)
+PID_NAMESPACE = ("unshare", "--pid")
 NAMESPACE_START_TIMEOUT = 5.0
 SNAPSHOT_DIR = "process-snapshot"
 META_FILE = "snapshot.json"

@@ -1,14 +1,29 @@
-"""What a local deployment is on disk and on screen: its API key, its plan and its `state.json` record."""
+"""What a local deployment is on disk and on screen: its API key, its plan, its `state.json` record and the
+states a server can be in."""
 
 from __future__ import annotations
 
 import os
 import sys
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from packager.errors import UserError
 from packager.targets.base import PlanRow
+
+
+class ServerState(StrEnum):
+    """What `pkg status` and `pkg ps` say about a local server."""
+
+    READY = "ready"  # answers /ready with 200
+    STARTING = "starting"  # its process runs and /ready says it is loading
+    # Snapshotted and stopped on purpose after being idle (`LocalDeployment.idle_since`, set by whatever
+    # stops it, e.g. a gateway after an idle timeout): it holds no memory, and the next request resumes it.
+    IDLE = "idle"
+    EXITED = "exited"  # its process is gone, and nobody meant it to be: the reason says how it ended
+    FAILED = "failed"  # its process runs but /ready says its start failed (the log says why)
+    UNRESPONSIVE = "unresponsive"  # its process runs but /ready does not answer (or something else answers)
 
 
 @dataclass(frozen=True)
@@ -36,7 +51,12 @@ class ApiKey:
                 raise UserError(f"the deployment reads its API key from ${self.location}, which is now unset")
             return key
         if self.source == "file":
-            return Path(self.location).read_text().strip()
+            try:
+                return Path(self.location).read_text().strip()
+            except FileNotFoundError:
+                raise UserError(
+                    f"the deployment's API key file {self.location} is missing; redeploy to generate a new key"
+                ) from None
         return None
 
 
@@ -50,10 +70,13 @@ class LocalPlan:
     state_dir: Path
     api_key: ApiKey
     server_flags: tuple[str, ...]  # everything after `serve BUNDLE --host H --port P`
+    function_dir: Path  # absolute, for `pkg ps`
     process_snapshot: bool = False
     prepacked: Path | None = None  # where the graphs with prepacked weights live (`prepack`), if they are used
 
     replaces: str | None = None  # the deployment this one replaces: "pid P (state, bundle D)"
+    # Where an earlier version left this function's record (`build/NAME/local`): the deploy stops its server.
+    legacy_dirs: tuple[Path, ...] = ()
 
     def command(self, port: int) -> tuple[str, ...]:
         return (
@@ -93,10 +116,18 @@ class LocalDeployment:
     start: str = "fresh"  # or "restored": resumed from the process snapshot
     start_note: str = ""  # what happened with the process snapshot, for the deploy's summary
     replaced: str = ""  # the deployment this one replaced, when there was one
+    # Added with the per-user state folder; records an earlier version wrote lack them (hence the defaults).
+    function_dir: str = ""  # the function folder, absolute: `pkg ps` shows it
+    exit_file: str = ""  # where the launcher writes the server's exit status; "" for a resumed process
+    idle_since: float | None = None  # epoch seconds it was snapshotted and stopped as idle; None while it should run
 
     @property
     def api_key(self) -> ApiKey:
         return ApiKey(self.api_key_source, self.api_key_location)
+
+    @property
+    def model_id(self) -> str:
+        return self.function  # the server runs with `--model-name NAME` (runtime_flags.py)
 
     def summary(self) -> list[tuple[str, str]]:
         rows = [

@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -19,6 +21,88 @@ from packager.errors import UserError
 
 LOG_TAIL_LINES = 25
 _POLL = 0.1
+SERVER_START_TIMEOUT = 5.0  # for the launcher to exec the server: it only forks and execs
+# The server outlives `pkg`, so nobody would learn how it ended (init reaps it): a shell waits for it and
+# writes its exit status ($0: the file; 128+N when signal N killed it) for `pkg status` and `pkg ps`.
+# `setsid`: a session of its own, so Ctrl-C in this terminal does not reach it and `terminate` signals its
+# group; `-w`: should setsid have to fork, it still waits, so the shell gets the server's status.
+_RECORD_EXIT = '"$@"; code=$?; echo "$code" > "$0"; exit "$code"'
+
+
+def launch(
+    command: Sequence[str], log: IO[bytes], env: dict[str, str], exit_file: Path, prefix: Sequence[str] = ()
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start `command` detached, its exit status recorded in `exit_file`: the launcher and the server's pid.
+
+    `prefix` runs the recording shell (`unshare --pid`: the shell's first child, the server, is then the first
+    process of a pid namespace of its own). The launcher's `poll()` is the server's exit status.
+    """
+    exit_file.unlink(missing_ok=True)
+    launcher = subprocess.Popen(
+        (*prefix, "sh", "-c", _RECORD_EXIT, str(exit_file), "setsid", "-w", *command), stdin=subprocess.DEVNULL,
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+    )  # fmt: skip
+    wanted = [arg.encode() for arg in command]
+    deadline = time.monotonic() + SERVER_START_TIMEOUT
+    while time.monotonic() < deadline and launcher.poll() is None:
+        for pid in _descendants(launcher.pid):
+            if _cmdline(pid) == wanted:
+                return launcher, pid
+        time.sleep(0.01)
+    return launcher, launcher.pid  # it exited (its status tells why) or never got to exec the server
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        try:
+            children = [int(c) for c in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        found += children
+        pending += children
+    return found
+
+
+def _cmdline(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+def recorded_exit(exit_file: Path, since: float) -> int | None:
+    """The exit status the launcher wrote for a server started at `since`; None when there is none (yet)."""
+    try:
+        if exit_file.stat().st_mtime < since - 1:
+            return None  # left by an earlier server
+        return int(exit_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def exit_reason(code: int) -> str:
+    """`exited with code 1`, `was killed by SIGKILL (...)`, from a shell's status (128+N) or Popen's (-N)."""
+    number = code - 128 if code > 128 else -code if code < 0 else 0
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        return f"exited with code {code}"
+    hint = " (out of memory? `dmesg` says when the kernel's OOM killer chose it)" if name == "SIGKILL" else ""
+    return f"was killed by {name}{hint}"
+
+
+def rss_bytes(pid: int) -> int | None:
+    """The process's resident memory (VmRSS: its heap plus the file pages it maps, e.g. prepacked weights)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+        return None
+    return None
 
 
 def log_tail(log_file: Path, lines: int = LOG_TAIL_LINES) -> str:

@@ -1,27 +1,30 @@
 """The `local` target: the runtime's HTTP server as a detached background process on this machine.
 
-Everything about a deployment lives in `build/NAME/local/`: `state.json` (what runs where),
-`server.pid`, `server.log`, `api-key` when the key was generated here, and `process-snapshot/` when
-`[targets.local] process_snapshot` is on (the warmed server, which the next deploy resumes instead of
-starting one: `process_snapshot.py`; `pkg destroy` keeps it). `LocalTarget` puts it behind the
-`Target` contract: `plan(spec)` → `apply(plan)` → `status(spec)` → `destroy(spec)`, `invoke`, `logs`.
+A deployment's state lives in the function's per-user folder (`store.py`: `~/.local/state/onnxfn/functions/
+FOLDER-HASH/`, whatever the current folder): `state.json` (what runs where), `server.pid`, `server.log`,
+`server.exit` (how the server ended), `api-key` when the key was generated here, `deploy.lock` (`lock.py`:
+one deploy or destroy of a function at a time) and `process-snapshot/` when `[targets.local]
+process_snapshot` is on (the warmed server, which the next deploy resumes instead of starting one:
+`process_snapshot.py`; `pkg destroy` keeps it). The prepacked weights are a build output for this CPU and
+stay beside the bundle (`build/NAME/local/prepacked/`). `Local` puts it behind the `Target` contract:
+`plan(spec)` → `apply(plan)` → `status(spec)` → `destroy(spec)`, `invoke`, `logs`.
 
 API key: `[endpoint] api_key_env` names the variable clients use. If it is set when deploying, the server
-reads it from the environment; if it is not, a random key is generated into `build/NAME/local/api-key`
-(mode 0600, kept across redeploys, removed by destroy) and the server reads that file. Without
-`api_key_env` the endpoint has no auth.
+reads it from the environment; if it is not, a random key is generated into the state folder's `api-key`
+(mode 0600, no trailing newline, kept across redeploys, removed by destroy) and the server reads that file.
+`pkg status NAME --api-key` prints it either way. Without `api_key_env` the endpoint has no auth.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import subprocess
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, replace
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
+
+from rich.console import Console
 
 from packager.errors import UserError
 from packager.logs import file_lines
@@ -31,22 +34,25 @@ from packager.progress import StepProgress
 from packager.runtime_flags import server_flags
 from packager.spec import FunctionSpec
 from packager.targets.base import READY_TIMEOUT, STOP_TIMEOUT, HttpEndpoint, LogLine, Removal, Target, TargetStatus
-from packager.targets.local import process_snapshot, server_process
+from packager.targets.local import inventory, lock, process_snapshot, server_process, store
 from packager.targets.local.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
 from packager.targets.local.records import ApiKey, LocalDeployment, LocalPlan
-from packager.targets.local.server_process import log_tail
+from packager.targets.local.server_process import exit_reason, log_tail
+from packager.targets.local.store import TARGET, state_dir
 from runtime.bundle import BundleError, open_bundle, read_manifest
 from runtime.engine.graphs import bundle_graphs
 from runtime.engine.prepacked import PrepackedGraphs
 
 LOG_FILE = "server.log"
+EXIT_FILE = "server.exit"
+KEY_FILE = "api-key"
 PREPACKED_DIR = "prepacked"
-TARGET = "local"
 PROMPT_GRAPH_WAIT = 60.0
+_stderr = Console(stderr=True)
 
 
-def state_dir(spec: FunctionSpec) -> Path:
-    return build_dir(spec) / TARGET
+def _say(message: str) -> None:
+    _stderr.print(message, highlight=False)
 
 
 def plan(spec: FunctionSpec) -> LocalPlan:
@@ -59,14 +65,15 @@ def plan(spec: FunctionSpec) -> LocalPlan:
     prepack = (
         spec.targets.local.prepack and manifest.model is not None and tuple(spec.runtime.providers[:1]) == ("cpu",)
     )
-    prepacked = directory / PREPACKED_DIR if prepack else None
+    # A build output for this CPU, next to the bundle it was derived from (and as large as its weights).
+    prepacked = build_dir(spec).resolve() / TARGET / PREPACKED_DIR if prepack else None
     env_name = spec.endpoint.api_key_env
     if env_name is None:
         api_key = ApiKey("none")
     elif os.environ.get(env_name, "").strip():
         api_key = ApiKey("env", env_name)
     else:
-        api_key = ApiKey("file", str(directory / "api-key"))
+        api_key = ApiKey("file", str(directory / KEY_FILE))
     return LocalPlan(
         function=spec.name,
         bundle=bundle,
@@ -76,8 +83,10 @@ def plan(spec: FunctionSpec) -> LocalPlan:
         state_dir=directory,
         api_key=api_key,
         server_flags=tuple(server_flags(spec) + api_key.server_flags() + _prepacked_flags(prepacked)),
+        function_dir=spec.directory.resolve(),
         process_snapshot=spec.targets.local.process_snapshot,
         prepacked=prepacked,
+        legacy_dirs=tuple(found for found, _ in store.found(spec) if found.resolve() != directory),
     )
 
 
@@ -105,20 +114,24 @@ def prepack(plan: LocalPlan) -> str | None:
     return f"packed the weights for this CPU into {plan.prepacked} in {time.perf_counter() - started:.1f} s"
 
 
-def apply(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDeployment:
-    """Start the server (stopping a previous deployment first) and wait until it is ready.
+def _start(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDeployment:
+    """Start the server (stopping a previous deployment first) and wait until it is ready; under the lock.
 
     With `process_snapshot` on, resume the snapshot of an earlier deploy when it is valid; otherwise start
     the server and snapshot it once it is ready.
     """
-    _stop(plan.state_dir, forget_key=False)
     plan.state_dir.mkdir(parents=True, exist_ok=True)
-    generated_key = plan.state_dir / "api-key"
+    generated_key = plan.state_dir / KEY_FILE
+    for legacy in plan.legacy_dirs:  # an earlier version's deployment: its server goes, its key stays valid
+        previous = _stop(legacy, forget_key=False)
+        _adopt_key(previous, generated_key if plan.api_key.source == "file" else None)
+    _stop(plan.state_dir, forget_key=False)
     if plan.api_key.source != "file":
         generated_key.unlink(missing_ok=True)  # left by an earlier deploy that had no key in the environment
     elif not generated_key.is_file():
         _write_secret(generated_key, secrets.token_urlsafe(32))
     log_file = plan.state_dir / LOG_FILE
+    exit_file = plan.state_dir / EXIT_FILE
     criu, note = _criu(plan)
     if criu is not None and process_snapshot.exists(plan.state_dir):
         port = plan.port or process_snapshot.recorded_port(plan.state_dir) or server_process.free_port(plan.host)
@@ -128,6 +141,7 @@ def apply(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDepl
         except SnapshotUnavailable as exc:
             note = f"started fresh: the process snapshot was not used ({exc})"
         else:
+            exit_file.unlink(missing_ok=True)  # a resumed process has no launcher to record its end
             deployment = _deployment(plan, port, pid, log_file, start="restored", note="resumed the process snapshot")
             problem = server_process.wait_ready(
                 deployment.url, lambda: None if server_process.alive(pid) else "exited", ready_timeout
@@ -140,21 +154,15 @@ def apply(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDepl
     precompile_runtime()
     # No ONNX Runtime telemetry: its store is an SQLite file held under a lock, which CRIU cannot dump.
     env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1"}
+    # With snapshots, the server runs in a pid namespace of its own (process_snapshot.ISOLATION says why).
+    prefix = process_snapshot.PID_NAMESPACE if criu is not None else ()
     with log_file.open("wb") as log:
-        if criu is not None:
-            process, server_pid = process_snapshot.launch_isolated(plan.command(port), log, env)
-        else:
-            # A session of its own: the server outlives `pkg`, and Ctrl-C in this terminal does not reach it.
-            process = subprocess.Popen(
-                plan.command(port), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env=env,
-            )  # fmt: skip
-            server_pid = process.pid
-    deployment = _deployment(plan, port, server_pid, log_file, start="fresh", note=note)
+        process, server_pid = server_process.launch(plan.command(port), log, env, exit_file, prefix)
+    deployment = _deployment(plan, port, server_pid, log_file, start="fresh", note=note, exit_file=exit_file)
 
     def exited() -> str | None:
         code = process.poll()
-        return None if code is None else f"exited with code {code}"
+        return None if code is None else exit_reason(code)
 
     problem = server_process.wait_ready(deployment.url, exited, ready_timeout)
     if problem is not None:
@@ -163,6 +171,16 @@ def apply(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDepl
     if criu is not None:
         deployment = _capture(plan, deployment, criu)
     return deployment
+
+
+def _adopt_key(previous: LocalDeployment | None, generated_key: Path | None) -> None:
+    """Keep the key an earlier version generated, so its clients keep working after the redeploy."""
+    if previous is None or previous.api_key_source != "file":
+        return
+    old = Path(previous.api_key_location)
+    if generated_key is not None and not generated_key.exists() and old.is_file():
+        _write_secret(generated_key, old.read_text().strip())
+    old.unlink(missing_ok=True)
 
 
 def _snapshot_key(plan: LocalPlan, command: tuple[str, ...], criu: Criu) -> SnapshotKey:
@@ -180,7 +198,9 @@ def _criu(plan: LocalPlan) -> tuple[Criu | None, str]:
         return None, f"started fresh: no process snapshot ({exc})"
 
 
-def _deployment(plan: LocalPlan, port: int, pid: int, log_file: Path, *, start: str, note: str) -> LocalDeployment:
+def _deployment(
+    plan: LocalPlan, port: int, pid: int, log_file: Path, *, start: str, note: str, exit_file: Path | None = None
+) -> LocalDeployment:
     deployment = LocalDeployment(
         function=plan.function,
         url=f"http://{_client_host(plan.host)}:{port}",
@@ -196,8 +216,10 @@ def _deployment(plan: LocalPlan, port: int, pid: int, log_file: Path, *, start: 
         command=plan.command(port),
         start=start,
         start_note=note,
+        function_dir=str(plan.function_dir),
+        exit_file=str(exit_file) if exit_file is not None else "",
     )
-    _save(plan.state_dir, deployment)
+    store.save(plan.state_dir, deployment)
     return deployment
 
 
@@ -220,58 +242,43 @@ def _capture(plan: LocalPlan, deployment: LocalDeployment, criu: Criu) -> LocalD
 
 def _deployment_with_note(plan: LocalPlan, deployment: LocalDeployment, note: str) -> LocalDeployment:
     updated = replace(deployment, start_note=note)
-    _save(plan.state_dir, updated)
+    store.save(plan.state_dir, updated)
     return updated
 
 
 def status(spec: FunctionSpec) -> TargetStatus | None:
-    deployment = load(state_dir(spec))
+    deployment = store.current(spec)
     if deployment is None:
         return None
-    alive = server_process.serves_bundle(deployment.pid, deployment.bundle)
+    observed = inventory.observe(deployment)
     return TargetStatus(
         target=TARGET,
         url=deployment.url,
         pid=deployment.pid,
         bundle_digest=deployment.bundle_digest,
-        state=server_process.probe(deployment.url) if alive else "exited",
-        uptime_seconds=time.time() - deployment.started_at if alive else None,
-        detail=f"see {deployment.log_file}",
+        state=str(observed.state),
+        uptime_seconds=observed.uptime_seconds,
+        detail=observed.detail(deployment.log_file),
         deployment=deployment,
     )
 
 
-def destroy(spec: FunctionSpec, *, timeout: float = STOP_TIMEOUT) -> LocalDeployment | None:
+def destroy(
+    spec: FunctionSpec, *, timeout: float = STOP_TIMEOUT, say: Callable[[str], None] = _say
+) -> LocalDeployment | None:
     """Stop the server and remove its state (the log stays for post-mortems); None if nothing was deployed."""
-    return _stop(state_dir(spec), timeout=timeout)
-
-
-def load(directory: Path) -> LocalDeployment | None:
-    try:
-        data = json.loads((directory / "state.json").read_text())
-        data["command"] = tuple(data["command"])
-        return LocalDeployment(**data)
-    except FileNotFoundError:
-        return None
-    except (ValueError, TypeError, KeyError) as exc:
-        raise UserError(f"{directory / 'state.json'} is corrupt ({exc}); delete {directory} and redeploy") from exc
-
-
-def _save(directory: Path, deployment: LocalDeployment) -> None:
-    (directory / "server.pid").write_text(f"{deployment.pid}\n")
-    temporary = directory / "state.json.tmp"
-    temporary.write_text(json.dumps(asdict(deployment), indent=2) + "\n")
-    temporary.replace(directory / "state.json")
+    with lock.held(state_dir(spec), spec.name, "destroy", say):
+        stopped = [_stop(directory, timeout=timeout) for directory, _ in store.found(spec)]
+    return next((deployment for deployment in stopped if deployment is not None), None)
 
 
 def _stop(directory: Path, *, timeout: float = STOP_TIMEOUT, forget_key: bool = True) -> LocalDeployment | None:
-    deployment = load(directory)
+    deployment = store.load(directory)
     if deployment is None:
         return None
     if server_process.serves_bundle(deployment.pid, deployment.bundle):
         server_process.terminate(deployment.pid, timeout)
-    for name in ("state.json", "server.pid"):
-        (directory / name).unlink(missing_ok=True)
+    store.forget(directory)
     if forget_key and deployment.api_key_source == "file":
         Path(deployment.api_key_location).unlink(missing_ok=True)
     return deployment
@@ -285,7 +292,7 @@ def _write_secret(path: Path, value: str) -> None:
     path.unlink(missing_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as handle:
-        handle.write(value + "\n")
+        handle.write(value)  # no newline: `open(path).read()` is the key, as clients expect
 
 
 class Local(Target):
@@ -299,15 +306,23 @@ class Local(Target):
         return replace(plan(spec), replaces=replaces)
 
     def apply(self, plan: LocalPlan, progress: StepProgress) -> LocalDeployment:
-        with progress.step("prepack", "pack the weights for this CPU (once per bundle)") as step:
-            packed = prepack(plan)
-            if packed is None:
-                step.cached()
-        if packed is not None:
-            progress.console.print(f"  {packed}", highlight=False)
-        with progress.step("start", f"start {plan.function} (bundle {plan.bundle_digest[:19]}…)"):
-            deployment = apply(plan, ready_timeout=self.ready_timeout)
-        return replace(deployment, replaced=plan.replaces or "")
+        def say(message: str) -> None:
+            progress.console.print(message, highlight=False)
+
+        # One deploy or destroy of this function at a time, from the first look at what runs to the last record.
+        with lock.held(plan.state_dir, plan.function, "deploy", say):
+            previous = next((d for d in map(store.load, (plan.state_dir, *plan.legacy_dirs)) if d is not None), None)
+            with progress.step("prepack", "pack the weights for this CPU (once per bundle)") as step:
+                packed = prepack(plan)
+                if packed is None:
+                    step.cached()
+            if packed is not None:
+                progress.console.print(f"  {packed}", highlight=False)
+            with progress.step("start", f"start {plan.function} (bundle {plan.bundle_digest[:19]}…)"):
+                deployment = _start(plan, ready_timeout=self.ready_timeout)
+        # What it replaced once it held the lock: another pkg may have deployed while this one waited.
+        replaced = f"pid {previous.pid} (bundle {previous.bundle_digest[:19]}…)" if previous is not None else ""
+        return replace(deployment, replaced=replaced)
 
     def status(self, spec: FunctionSpec) -> TargetStatus | None:
         return status(spec)
@@ -335,9 +350,10 @@ class Local(Target):
     def logs(
         self, spec: FunctionSpec, *, follow: bool, since_seconds: float | None, tail: int | None
     ) -> Iterator[LogLine]:
-        deployment = load(state_dir(spec))
-        # A destroyed deployment leaves its log behind, in the place a deploy writes it.
-        log_file = Path(deployment.log_file) if deployment else state_dir(spec) / LOG_FILE
+        deployment = store.current(spec)
+        # A destroyed deployment leaves its log behind, in the place a deploy writes it (or an earlier version did).
+        places = [state_dir(spec) / LOG_FILE, *(legacy / LOG_FILE for legacy in store.legacy_dirs(spec))]
+        log_file = Path(deployment.log_file) if deployment else next((p for p in places if p.is_file()), places[0])
         if not log_file.is_file():
             raise UserError(
                 f"{spec.name} was never deployed locally; deploy it: pkg deploy {spec.directory} --target local"

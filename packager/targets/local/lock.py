@@ -1,0 +1,78 @@
+"""One `pkg` at a time changes a function's local deployment: an flock on `STATE_DIR/deploy.lock`.
+
+Two `pkg deploy` of one function used to race (each stopped "the previous" server, then both started one:
+two servers, one of them unknown to `pkg status`). Now `deploy` and `destroy` hold this lock from the first
+thing they look at until the last record they write; a second caller waits for the first, then sees its
+result (a deploy replaces the server the first one started). The wait is bounded: a `pkg` stuck for longer
+than a deploy can take is named with its pid, and the caller fails with what to do.
+
+flock, not a pid file: the kernel drops the lock when its holder exits, however it exits, so a killed
+`pkg` never leaves a stale lock behind. The file itself is never removed (a waiter would lock an unlinked
+inode while a newcomer locks a new file). Its content says who holds it, for the waiting message only.
+The descriptor is not inheritable (PEP 446), so a server started under the lock does not keep it held.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from packager.errors import UserError
+
+LOCK_FILE = "deploy.lock"
+# Longer than a deploy takes (a first start waits up to 120 s for /ready, then up to 60 s to warm up, then
+# dumps the process), so a waiter gives up only on a `pkg` that is stuck.
+WAIT_SECONDS = 300.0
+_POLL = 0.1
+
+
+@contextmanager
+def held(
+    directory: Path, function: str, action: str, say: Callable[[str], None], *, wait: float = WAIT_SECONDS
+) -> Iterator[None]:
+    """Hold the function's lock for the block; `say` tells the user when another `pkg` makes this one wait."""
+    directory.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if not _try_lock(descriptor):
+            holder = _holder(descriptor)
+            say(f"waiting for another pkg ({holder}) to finish with {function} (at most {wait:.0f} s)")
+            deadline = time.monotonic() + wait
+            while not _try_lock(descriptor):
+                if time.monotonic() > deadline:
+                    raise UserError(
+                        f"another pkg ({_holder(descriptor)}) has been changing {function}'s local deployment for "
+                        f"more than {wait:.0f} s; wait for it to finish, or stop it and run this again "
+                        f"(lock: {directory / LOCK_FILE})"
+                    )
+                time.sleep(_POLL)
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, json.dumps({"pid": os.getpid(), "action": action}).encode(), 0)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
+def _try_lock(descriptor: int) -> bool:
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False
+        raise
+    return True
+
+
+def _holder(descriptor: int) -> str:
+    """ "pid 123, deploy" from the lock file, as far as the holder has written it yet."""
+    try:
+        data = json.loads(os.pread(descriptor, 256, 0))
+        return f"pid {int(data['pid'])}, {data['action']}"
+    except (ValueError, KeyError, TypeError):
+        return "pid unknown"
