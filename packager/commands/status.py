@@ -1,4 +1,9 @@
-"""`pkg status functions/NAME`: where the function is deployed and whether each endpoint is serving."""
+"""`pkg status functions/NAME`: where the function is deployed and whether each endpoint is serving.
+
+Exits 1 when an endpoint is down for good (`exited`, `failed`), saying why, so scripts can tell. With
+`--base-url` or `--api-key` it prints only that value, what an OpenAI client needs
+(`OPENAI_BASE_URL=$(pkg status functions/NAME --base-url)`).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from packager.spec import FunctionSpec, load_spec
 from packager.targets.base import TARGETS, TargetStatus, target
 
 console = Console()
+DOWN_STATES = ("exited", "failed")  # the server is gone or says it cannot start: status exits 1
 _STATE_STYLES = {
     "ready": "green", "starting": "yellow", "updating": "yellow",
     "failed": "red", "unresponsive": "red", "exited": "red", "missing": "red", "unreachable": "red",
@@ -31,16 +37,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("function", type=Path, help="function folder holding function.toml")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON (for scripts)")
+    parser.add_argument(
+        "--target", choices=TARGETS, help="only this target (default: all; local for --base-url/--api-key)"
+    )
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument(
+        "--base-url", action="store_true", help="print only the endpoint's OpenAI base URL (…/v1), for a client"
+    )
+    only.add_argument(
+        "--api-key", action="store_true", help="print only the API key clients send (empty when there is no auth)"
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.function)
-    statuses = [s for s in (_status(name, spec) for name in TARGETS) if s is not None]
+    if args.base_url or args.api_key:
+        return _print_endpoint(spec, args)
+    statuses = [s for s in (_status(name, spec) for name in ([args.target] if args.target else TARGETS)) if s]
+    down = 1 if any(status.state in DOWN_STATES for status in statuses) else 0
     if args.json:
         json.dump([_row(status, spec) for status in statuses], sys.stdout, indent=2)
         sys.stdout.write("\n")
-        return 0
+        return down
     if not statuses:
         console.print(f"{spec.name} is not deployed; deploy it with: pkg deploy {args.function} --target local")
         return 0
@@ -63,7 +82,19 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     for status in statuses:
         if status.state != "ready":
-            console.print(f"{status.target}: {status.detail}", highlight=False)
+            console.print(f"{status.target}: {status.detail}", highlight=False, markup=False)
+    return down
+
+
+def _print_endpoint(spec: FunctionSpec, args: argparse.Namespace) -> int:
+    """One value on stdout, nothing else: `$(pkg status … --api-key)` must be the key."""
+    endpoint = target(args.target or "local").http_endpoint(spec)
+    if endpoint is None:
+        raise UserError(f"--target {args.target} has no HTTP endpoint to print; `pkg status {spec.directory}` shows it")
+    if args.base_url:
+        print(f"{endpoint.url}/v1")
+    else:
+        print(endpoint.headers.get("Authorization", "").removeprefix("Bearer "))
     return 0
 
 

@@ -1,7 +1,8 @@
 """`pkg deploy|status|invoke|destroy --target local`, run as a user would: the real CLI in a subprocess.
 
-Each test works in its own folder holding `functions/NAME/function.toml` and `build/NAME/bundle` (a link to
-the demo bundle), so deployments never touch the repository's `build/`.
+Each test works in its own folder holding `functions/NAME/function.toml`, `build/NAME/bundle` (a link to
+the demo bundle) and its own `$XDG_STATE_HOME`, so deployments never touch the repository's `build/` or the
+user's state.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ def test_deploy_invoke_redeploy_destroy(workspace: Workspace) -> None:
     assert str(first["url"]) in deployed.stdout
     assert "generated into" in deployed.stdout
     key_file = Path(str(first["api_key_location"]))
+    assert key_file.parent == workspace.state_dir()
     assert key_file.stat().st_mode & 0o777 == 0o600
-    key = key_file.read_text().strip()
+    key = key_file.read_text()  # no trailing newline: `open(path).read()` is the key
+    assert key == key.strip() and len(key) > 30
 
     # The spec reached the server: its name is the model id, its defaults (greedy) make replies repeatable.
     client = client_for(first, key)
@@ -66,6 +69,21 @@ def test_deploy_invoke_redeploy_destroy(workspace: Workspace) -> None:
     assert (row["target"], row["state"], row["pid"], row["endpoint"]) == ("local", "ready", first["pid"], first["url"])
     assert row["scaling"] == [1, 1] and abs(row["last_deploy"] - float(str(first["started_at"]))) < 1
 
+    # From any folder: the state is the user's, keyed by the function folder's absolute path.
+    elsewhere = workspace.root / "elsewhere"
+    elsewhere.mkdir()
+    absolute = str(workspace.root / folder)
+    assert workspace.pkg("status", absolute, "--base-url", cwd=elsewhere).stdout == f"{first['url']}/v1\n"
+    assert workspace.pkg("status", absolute, "--api-key", cwd=elsewhere).stdout == f"{key}\n"
+    [process] = json.loads(workspace.pkg("ps", "--json", cwd=elsewhere).stdout)
+    assert (process["name"], process["state"], process["pid"]) == (FUNCTION, "ready", first["pid"])
+    assert (process["function_dir"], process["url"], process["model"]) == (absolute, first["url"], FUNCTION)
+    assert process["bundle_digest"] == first["bundle_digest"] and process["state_dir"] == str(workspace.state_dir())
+    assert process["rss_bytes"] > 50 << 20 and 0 < process["uptime_seconds"] < 600
+    assert process["requests"] >= 4  # /v1/models twice (one refused), two chat completions, pkg invoke
+    table = workspace.pkg("ps", cwd=elsewhere)
+    assert table.returncode == 0 and FUNCTION in table.stdout and "ready" in table.stdout and "MiB" in table.stdout
+
     # Redeploy with the key now in the environment: the old server goes, the generated key goes.
     workspace.env[KEY_ENV] = "key-from-the-environment"
     redeployed = workspace.pkg("deploy", folder)
@@ -79,19 +97,22 @@ def test_deploy_invoke_redeploy_destroy(workspace: Workspace) -> None:
     assert not key_file.exists()
     assert [m.id for m in client_for(second, "key-from-the-environment").models.list().data] == [FUNCTION]
 
-    destroyed = workspace.pkg("destroy", folder, "--target", "local")
+    destroyed = workspace.pkg("destroy", absolute, "--target", "local", cwd=elsewhere)
     assert destroyed.returncode == 0, destroyed.stderr
     assert not pid_alive(int(str(second["pid"])))
-    local_dir = workspace.root / "build" / FUNCTION / "local"
-    # The demo deploys with `process_snapshot = true`: destroy keeps the snapshot (and the prepacked graphs it
-    # maps) for the next deploy.
-    assert sorted(p.name for p in local_dir.iterdir()) == ["prepacked", "process-snapshot", "server.log"]
-    assert "Application startup complete" in (local_dir / "server.log").read_text()
+    state_dir = workspace.state_dir()
+    # The demo deploys with `process_snapshot = true`: destroy keeps the snapshot for the next deploy, and the
+    # prepacked graphs it maps stay beside the bundle. (`server.exit` comes as the launcher sees the server end.)
+    kept = sorted(p.name for p in state_dir.iterdir() if p.name != "server.exit")
+    assert kept == ["deploy.lock", "process-snapshot", "server.log"]
+    assert sorted(p.name for p in (workspace.root / "build" / FUNCTION / "local").iterdir()) == ["prepacked"]
+    assert "Application startup complete" in (state_dir / "server.log").read_text()
 
     assert "Application startup complete" in workspace.pkg("logs", folder).stdout  # the log outlives the server
     assert "nothing to do" in workspace.pkg("destroy", folder).stdout
     assert "is not deployed" in workspace.pkg("status", folder).stdout
     assert workspace.pkg("invoke", folder, "Hello").returncode == 1
+    assert json.loads(workspace.pkg("ps", "--json").stdout) == []
 
 
 def test_a_server_that_cannot_start_fails_the_deploy_with_its_log(workspace: Workspace) -> None:
@@ -108,7 +129,7 @@ def test_a_server_that_cannot_start_fails_the_deploy_with_its_log(workspace: Wor
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr
     assert "Traceback" not in result.stderr.split("last")[0]
     assert time.monotonic() - started < 30
-    assert not (workspace.root / "build" / "busy" / "local" / "state.json").exists()
+    assert not (workspace.state_dir("busy") / "state.json").exists()
 
 
 def test_deploy_without_a_bundle_says_to_build(workspace: Workspace) -> None:
@@ -118,6 +139,7 @@ def test_deploy_without_a_bundle_says_to_build(workspace: Workspace) -> None:
     assert result.returncode == 1
     assert "pkg build functions/smollm2-chat" in result.stderr
     assert not (workspace.root / "build" / FUNCTION / "local").exists()
+    assert not workspace.state_dir().exists()
 
 
 def test_a_crashed_server_shows_as_exited_and_destroy_still_cleans_up(workspace: Workspace) -> None:
@@ -135,12 +157,17 @@ def test_a_crashed_server_shows_as_exited_and_destroy_still_cleans_up(workspace:
         time.sleep(0.05)
 
     status = workspace.pkg("status", folder)
+    assert status.returncode == 1  # scripts can tell
     assert "exited" in status.stdout
-    assert "server.log" in status.stdout
+    assert f"the server (pid {pid}) was killed by SIGKILL (out of memory?" in status.stdout
+    assert "server.log" in status.stdout and "engine ready" in status.stdout  # its last lines
+    [process] = json.loads(workspace.pkg("ps", "--json").stdout)
+    assert (process["state"], process["rss_bytes"], process["requests"]) == ("exited", None, None)
+    assert "was killed by SIGKILL" in process["reason"] and process["log_tail"]
     invoked = workspace.pkg("invoke", folder, "Hello")
     assert invoked.returncode == 1
     assert f"the local deployment of {FUNCTION} is not serving (state: exited" in invoked.stderr
     destroyed = workspace.pkg("destroy", folder)
     assert destroyed.returncode == 0
     assert f"stopped {FUNCTION}" in destroyed.stdout
-    assert not (workspace.root / "build" / FUNCTION / "local" / "state.json").exists()
+    assert not (workspace.state_dir() / "state.json").exists()
