@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 if TYPE_CHECKING:
     from llguidance import LLExecutor, LLMatcher, LLParserLimits
     from llguidance._lib import JsonCompileOptions  # the stubs define it; the package does not export it
+    from numpy.typing import NDArray
 
 # Compact JSON, one space after separators: the form small models were trained on, and no whitespace
 # runs for a model to loop in (with flexible whitespace, SmolLM2-135M pads objects with newlines).

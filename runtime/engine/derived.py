@@ -20,13 +20,15 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
-from numpy.typing import NDArray
 
 from runtime.bundle import Bundle, BundleError
 from runtime.verified import default_record_dir, file_identity
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 RECIPE_SUFFIX = ".derive.json"
 RECORD = "derived.json"

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from runtime.engine.constraints import GrammarConstraint
 from runtime.engine.grammar_cache import CompiledGrammar, GrammarBudget, Grammars
 from runtime.engine.graphs import decode_graph_path, decoder_facts, decodes_with_prefill_graph, prefill_graph_file
 from runtime.engine.huge_pages import CollapseReport
-from runtime.engine.kv_cache import KVArray, KVPool, PrefixCache, context_for_budget
+from runtime.engine.kv_cache import KVPool, PrefixCache, context_for_budget
 from runtime.engine.output import OutputProcessor
 from runtime.engine.providers import short_name
 from runtime.engine.reports import EngineStats, LoadTimes, RequestTiming, StepReport, request_timing
@@ -43,6 +43,9 @@ from runtime.engine.speculative import PromptLookup
 from runtime.engine.stream import RequestStream, Wakeups
 from runtime.engine.tokenizer import Tokenizer
 from runtime.engine.validation import validate_request
+
+if TYPE_CHECKING:
+    from runtime.engine.kv_cache import KVArray
 
 log = logging.getLogger("runtime.engine")
 

@@ -12,16 +12,18 @@ import hashlib
 import mmap
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
-from numpy.typing import NDArray
 
 from runtime.bundle import ModelFacts
 
-# A pool tensor `[slots, kv_heads, max_context, head_dim]`, or blocks of positions `[tensors, kv_heads, length,
-# head_dim]`; float32 or float16, as the model's `kv_dtype` says.
-KVArray: TypeAlias = NDArray[np.floating[Any]]
+if TYPE_CHECKING:  # numpy.typing costs the server's start-up an import it never uses at run time
+    from numpy.typing import NDArray
+
+    # A pool tensor `[slots, kv_heads, max_context, head_dim]`, or blocks of positions `[tensors, kv_heads, length,
+    # head_dim]`; float32 or float16, as the model's `kv_dtype` says.
+    KVArray: TypeAlias = NDArray[np.floating[Any]]
 
 
 def context_for_budget(facts: ModelFacts, slots: int, kv_memory_bytes: int, requested: int | None) -> int:

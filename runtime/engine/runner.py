@@ -11,16 +11,21 @@ state: `Scheduler.update_from_output` books the report.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from numpy.typing import NDArray
 
-from runtime.engine.kv_cache import KVArray, KVPool
+from runtime.engine.kv_cache import KVPool
 from runtime.engine.request import EngineError
 from runtime.engine.sampling import sample
 from runtime.engine.scheduler import ModelRunnerOutput, PrefillChunk, SchedulerOutput, SequenceState, SequenceStep
 from runtime.engine.session import DecoderSession
 from runtime.engine.speculative import PromptLookup
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from runtime.engine.kv_cache import KVArray
 
 # Padding a batched prefill may add, as a share of its prompt tokens: a 32- and an 8-token prompt run
 # faster one after the other than padded to 2 x 32.

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.random  # numpy loads it on first use: ~10 ms of a cold start's first request otherwise
-from numpy.typing import NDArray
 
 from runtime.engine.constraints import GrammarConstraint, advance, mask_logits
 from runtime.engine.request import SamplingParams
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 _CANDIDATE_NATS = 30.0
 _NUCLEUS_HEAD = float(np.exp(-8.0))

@@ -16,15 +16,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
-from numpy.typing import NDArray
 
 from runtime.engine.draft import DraftState
 from runtime.engine.kv_cache import KVPool, PrefixCache
 from runtime.engine.output import OutputProcessor
 from runtime.engine.request import EngineOverloadedError, GenerationRequest, SequenceOutput
 from runtime.engine.sampling import SequenceSampler, TokenChoice
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 
 class SequenceStatus(Enum):

@@ -12,15 +12,18 @@ same KV buffers, so a prompt prefilled by one is decoded by the other without a 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import onnxruntime as ort
-from numpy.typing import NDArray
 
 from runtime.bundle import DecoderIO
 from runtime.engine.graphs import ROW_LAST_POSITIONS
-from runtime.engine.kv_cache import KVArray
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from runtime.engine.kv_cache import KVArray
 
 
 class _Addresses(NamedTuple):

@@ -11,10 +11,10 @@ from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
-from numpy.typing import NDArray
 
 from runtime.bundle import Bundle, ModelFacts
 from runtime.engine.config import EngineConfig
@@ -22,6 +22,9 @@ from runtime.engine.graphs import decoder_facts, prefill_graph_path, prefill_gra
 from runtime.engine.huge_pages import Interval, memory_map, subtract
 from runtime.engine.providers import plan_providers
 from runtime.threads import lower_priority
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 
 @dataclass(frozen=True)

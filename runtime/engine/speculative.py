@@ -29,11 +29,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from numpy.typing import NDArray
 
 from runtime.engine.sampling import TokenChoice, sample
 
 if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
     from runtime.engine.scheduler import SequenceState
 
 MAX_NGRAM = 3
