@@ -111,6 +111,11 @@ class LocalTarget:
     # ~2.5 s and ~1.5 GB for the demo) and serve from there: the weights are memory-mapped, not packed onto
     # the heap at every start (runtime/engine/prepacked.py). Decoder bundles on the CPU provider only.
     prepack: bool = True
+    # Scale to zero through the gateway (packager/gateway/): after this many seconds without a request the
+    # server is stopped (its process snapshot kept) and the next request starts it again. 0 = never.
+    idle_timeout: int = bounded(300, lo=0)
+    # Requests that may wait while an idle function starts again; more get 429 with Retry-After.
+    max_waking_requests: int = bounded(32, lo=1)
 
 
 # CloudWatch Logs accepts only these retention periods.

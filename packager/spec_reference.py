@@ -122,6 +122,11 @@ KEY_DOCS: dict[str, str] = {
     "`build/NAME/local/prepacked/` (once per bundle: ~2.5 s, ~1.5 GB for the demo) and serve from there: the packed "
     "weights are memory-mapped instead of rebuilt on the heap at every start (~640 MB less resident memory for the "
     "demo, and a process snapshot without them). Decoder bundles on the `cpu` provider.",
+    "targets.local.idle_timeout": "Seconds without a request after which the gateway stops the server (scale to "
+    "zero: no memory held) and keeps its process snapshot; the next request through the gateway starts it again, "
+    "from the snapshot in about 0.2 s, else fresh. 0 = never idle.",
+    "targets.local.max_waking_requests": "Requests that may wait at the gateway while an idle function starts "
+    "again; beyond that they get HTTP 429 with `Retry-After`.",
     "targets.aws-lambda": "A container-image Lambda function with a function URL and an SQS queue + DLQ.",
     "targets.aws-lambda.region": _REGION_DOC,
     "targets.aws-lambda.endpoint_url": "AWS endpoint (default: `$AWS_ENDPOINT_URL`, else AWS itself).",
