@@ -15,15 +15,22 @@ DEMO_FUNCTION = REPO / "functions" / "smollm2-chat"
 @pytest.fixture(scope="session", autouse=True)
 def isolated_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """`$XDG_STATE_HOME` for the session: what tests deploy never lands in the user's ~/.local/state/onnxfn,
-    and `pkg ps` in a test never sees the user's own deployments. Subprocesses inherit it."""
+    and `pkg ps` in a test never sees the user's own deployments. Subprocesses inherit it. The gateway a
+    `pkg deploy` starts listens on a free port (not the user's 8420) and is stopped at the end."""
+    from packager.gateway import control
+    from packager.targets.local.server_process import free_port
+
     state = tmp_path_factory.mktemp("xdg-state")
-    previous = os.environ.get("XDG_STATE_HOME")
+    saved = {name: os.environ.get(name) for name in ("XDG_STATE_HOME", control.PORT_ENV)}
     os.environ["XDG_STATE_HOME"] = str(state)
+    os.environ[control.PORT_ENV] = str(free_port("127.0.0.1"))
     yield state
-    if previous is None:
-        os.environ.pop("XDG_STATE_HOME", None)
-    else:
-        os.environ["XDG_STATE_HOME"] = previous
+    control.stop()
+    for name, previous in saved.items():
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from packager.commands.status import format_uptime
+from packager.gateway import control as gateway
 from packager.paths import state_root
 from packager.targets.local.inventory import LocalProcess, processes
 
@@ -35,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    found, problems = processes()
+    running = gateway.running()
+    found, problems = processes(running.url if running is not None else None)
     for problem in problems:
         err_console.print(f"[bold red]error:[/] {escape(problem)}", highlight=False)
     if args.json:
@@ -49,6 +51,11 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         _print_table(found)
+        if running is not None:
+            said = f"the gateway at {running.url}/v1 routes requests by model and wakes idle functions"
+        else:
+            said = "no gateway runs (start it: pkg gateway start): idle functions wake only through it"
+        console.print(said, highlight=False)
     return 1 if problems else 0
 
 
@@ -61,7 +68,7 @@ def _print_table(found: list[LocalProcess]) -> None:
         style = _STATE_STYLES.get(process.state, "red")
         table.add_row(
             process.name,
-            f"[{style}]{process.state}[/]",
+            f"[{style}]{process.state}[/]" + (f" ({process.wake})" if process.wake else ""),
             f"{process.url}/v1",
             process.model,
             str(process.pid),

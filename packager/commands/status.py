@@ -24,7 +24,7 @@ from packager.targets.base import TARGETS, TargetStatus, target
 console = Console()
 DOWN_STATES = ("exited", "failed")  # the server is gone or says it cannot start: status exits 1
 _STATE_STYLES = {
-    "ready": "green", "starting": "yellow", "updating": "yellow",
+    "ready": "green", "starting": "yellow", "updating": "yellow", "idle": "cyan",
     "failed": "red", "unresponsive": "red", "exited": "red", "missing": "red", "unreachable": "red",
 }  # fmt: skip
 

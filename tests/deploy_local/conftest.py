@@ -15,8 +15,10 @@ from pathlib import Path
 import openai
 import pytest
 
+from packager.gateway.control import PORT_ENV
 from packager.paths import function_state_dir
 from packager.spec import load_spec
+from packager.targets.local.server_process import free_port
 from tests.conftest import DEMO_FUNCTION
 
 FUNCTION = "smollm2-chat"
@@ -30,16 +32,24 @@ class Workspace:
         self.state_root = root / "xdg-state" / "onnxfn"
         # A wide terminal, so rich does not wrap the messages the tests look for.
         env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
-        self.env = {**env, "COLUMNS": "250", "XDG_STATE_HOME": str(self.state_root.parent)}
+        # Its own gateway port: the user's gateway (8420) or another test's never answers for this workspace.
+        self.gateway_port = free_port("127.0.0.1")
+        self.env = {
+            **env, "COLUMNS": "250", "XDG_STATE_HOME": str(self.state_root.parent), PORT_ENV: str(self.gateway_port)
+        }  # fmt: skip
 
-    def add_function(self, name: str, toml: str | None = None) -> Path:
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    def add_function(self, name: str, toml: str | None = None, bundle: Path | None = None) -> Path:
         folder = self.root / "functions" / name
         folder.mkdir(parents=True)
         spec = (DEMO_FUNCTION / "function.toml").read_text() if toml is None else toml
         (folder / "function.toml").write_text(spec)
         build = self.root / "build" / name
         build.mkdir(parents=True)
-        (build / "bundle").symlink_to(self.bundle)
+        (build / "bundle").symlink_to(bundle or self.bundle)
         return folder
 
     def pkg(self, *args: str, timeout: float = 180, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -62,8 +72,9 @@ class Workspace:
 def workspace(tmp_path: Path, demo_bundle: Path) -> Iterator[Workspace]:
     space = Workspace(tmp_path, demo_bundle.resolve())
     yield space
-    # Never leave a server behind, whatever the test did (records of earlier versions included).
-    for state_file in [*space.state_root.glob("functions/*/state.json"), *tmp_path.glob("build/*/local/state.json")]:
+    # Never leave a server or a gateway behind, whatever the test did (records of earlier versions included).
+    records = [*space.state_root.glob("functions/*/state.json"), *tmp_path.glob("build/*/local/state.json")]
+    for state_file in [*records, *space.state_root.glob("gateway/gateway.json")]:
         pid = json.loads(state_file.read_text())["pid"]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)

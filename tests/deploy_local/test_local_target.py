@@ -62,22 +62,26 @@ def test_deploy_invoke_redeploy_destroy(workspace: Workspace) -> None:
     assert logs.returncode == 0, logs.stderr
     assert "Application startup complete" in logs.stdout
 
+    # Clients go through the gateway the deploy started: it routes by model to the server's own port.
+    assert f"{workspace.gateway_url}/v1" in deployed.stdout
     status = workspace.pkg("status", folder)
     assert status.returncode == 0
-    assert "ready" in status.stdout and str(first["url"]) in status.stdout and "1/1" in status.stdout
+    assert "ready" in status.stdout and workspace.gateway_url in status.stdout and "0/1" in status.stdout
     [row] = json.loads(workspace.pkg("status", folder, "--json").stdout)
-    assert (row["target"], row["state"], row["pid"], row["endpoint"]) == ("local", "ready", first["pid"], first["url"])
-    assert row["scaling"] == [1, 1] and abs(row["last_deploy"] - float(str(first["started_at"]))) < 1
+    gateway = workspace.gateway_url
+    assert (row["target"], row["state"], row["pid"], row["endpoint"]) == ("local", "ready", first["pid"], gateway)
+    assert row["scaling"] == [0, 1] and abs(row["last_deploy"] - float(str(first["started_at"]))) < 1
 
     # From any folder: the state is the user's, keyed by the function folder's absolute path.
     elsewhere = workspace.root / "elsewhere"
     elsewhere.mkdir()
     absolute = str(workspace.root / folder)
-    assert workspace.pkg("status", absolute, "--base-url", cwd=elsewhere).stdout == f"{first['url']}/v1\n"
+    assert workspace.pkg("status", absolute, "--base-url", cwd=elsewhere).stdout == f"{gateway}/v1\n"
     assert workspace.pkg("status", absolute, "--api-key", cwd=elsewhere).stdout == f"{key}\n"
     [process] = json.loads(workspace.pkg("ps", "--json", cwd=elsewhere).stdout)
     assert (process["name"], process["state"], process["pid"]) == (FUNCTION, "ready", first["pid"])
-    assert (process["function_dir"], process["url"], process["model"]) == (absolute, first["url"], FUNCTION)
+    assert (process["function_dir"], process["url"], process["model"]) == (absolute, gateway, FUNCTION)
+    assert (process["server_url"], process["wake"]) == (first["url"], None)
     assert process["bundle_digest"] == first["bundle_digest"] and process["state_dir"] == str(workspace.state_dir())
     assert process["rss_bytes"] > 50 << 20 and 0 < process["uptime_seconds"] < 600
     assert process["requests"] >= 4  # /v1/models twice (one refused), two chat completions, pkg invoke

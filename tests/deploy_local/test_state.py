@@ -164,8 +164,11 @@ def test_gone_servers_are_exited_with_their_reason_or_idle_when_stopped_on_purpo
     unknown = inventory.observe(record(tmp_path / "b", exit_file="", start="restored"))
     assert unknown.state is ServerState.EXITED and "it was resumed from a process snapshot" in unknown.reason
 
-    idle = inventory.observe(record(tmp_path / "c", idle_since=time.time() - 5))
-    assert (idle.state, idle.rss_bytes) == (ServerState.IDLE, 0) and "a request resumes it" in idle.reason
+    idle = inventory.observe(record(tmp_path / "c", idle_since=time.time() - 5, wake="snapshot"))
+    assert (idle.state, idle.rss_bytes) == (ServerState.IDLE, 0)
+    assert "the next request through the gateway resumes its process snapshot" in idle.reason
+    cold = inventory.observe(record(tmp_path / "d", idle_since=time.time() - 5, wake="fresh", wake_note="no CRIU"))
+    assert "the next request through the gateway starts it fresh (no CRIU)" in cold.reason
 
 
 def test_status_exits_1_for_an_exited_server_and_ps_lists_every_function(tmp_path: Path) -> None:
@@ -195,8 +198,8 @@ def test_status_exits_1_for_an_exited_server_and_ps_lists_every_function(tmp_pat
     rows = json.loads(listed.stdout)
     assert [row["name"] for row in rows] == ["alpha", "beta"]
     assert set(rows[0]) == {
-        "name", "function_dir", "url", "model", "state", "reason", "log_tail", "pid", "bundle_digest", "rss_bytes",
-        "uptime_seconds", "requests", "started_at", "state_dir", "log_file",
+        "name", "function_dir", "url", "server_url", "model", "state", "wake", "idle_timeout", "reason", "log_tail",
+        "pid", "bundle_digest", "rss_bytes", "uptime_seconds", "requests", "started_at", "state_dir", "log_file",
     }  # fmt: skip
     assert rows[1]["function_dir"] == str(project / "functions" / "beta") and rows[1]["model"] == "beta"
     assert rows[1]["state"] == "exited" and "exited with code 1" in rows[1]["reason"]

@@ -57,7 +57,11 @@ def observe(deployment: LocalDeployment, *, log_lines: int = REASON_LOG_LINES) -
         return Observed(state, reason, _log_tail(deployment, log_lines), rss, uptime)
     if deployment.idle_since is not None:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(deployment.idle_since))
-        return Observed(ServerState.IDLE, f"snapshotted and stopped as idle at {since}; a request resumes it", (), 0)
+        how = "resumes its process snapshot" if deployment.wake == "snapshot" else (
+            f"starts it fresh ({deployment.wake_note})" if deployment.wake_note else "starts it fresh"
+        )  # fmt: skip
+        reason = f"stopped as idle at {since}; the next request through the gateway {how}"
+        return Observed(ServerState.IDLE, reason, (), 0)
     return Observed(ServerState.EXITED, _how_it_ended(deployment), _log_tail(deployment, log_lines))
 
 
@@ -103,9 +107,12 @@ class LocalProcess:
 
     name: str
     function_dir: str | None  # None for a record an earlier version wrote
-    url: str  # the server's root; OpenAI clients use URL/v1
+    url: str  # where clients go: the gateway's root when it runs (it routes by model), else the server's; + /v1
+    server_url: str  # the server's own root
     model: str
     state: ServerState
+    wake: str | None  # while idle, how the next request starts it: "snapshot" or "fresh"
+    idle_timeout: float  # seconds without a request before the gateway stops it (0: never)
     reason: str
     log_tail: tuple[str, ...]
     pid: int
@@ -121,22 +128,29 @@ class LocalProcess:
         return {**self.__dict__, "state": str(self.state), "log_tail": list(self.log_tail)}
 
 
-def processes() -> tuple[list[LocalProcess], list[str]]:
-    """Every local deployment of this user, observed in parallel (each may wait on a slow server); problems."""
+def processes(gateway_url: str | None) -> tuple[list[LocalProcess], list[str]]:
+    """Every local deployment of this user, observed in parallel (each may wait on a slow server); problems.
+
+    `gateway_url`: the running gateway's root, the URL clients use for every function (None: none runs)."""
     records, problems = store.everything()
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(records)))) as pool:
-        found = list(pool.map(lambda record: _process(*record), records))
+        found = list(pool.map(lambda record: _process(record[0], record[1], gateway_url), records))
     return sorted(found, key=lambda p: (p.name, p.function_dir or "")), problems
 
 
-def _process(directory: Path, deployment: LocalDeployment) -> LocalProcess:
+def _process(directory: Path, deployment: LocalDeployment, gateway_url: str | None) -> LocalProcess:
     observed = observe(deployment)
+    # A record under build/ (an earlier version's) is not the gateway's: it reads the per-user folder only.
+    routed = gateway_url is not None and deployment.function_dir != ""
     return LocalProcess(
         name=deployment.function,
         function_dir=deployment.function_dir or None,
-        url=deployment.url,
+        url=gateway_url if routed and gateway_url else deployment.url,
+        server_url=deployment.url,
         model=deployment.model_id,
         state=observed.state,
+        wake=(deployment.wake or None) if observed.state is ServerState.IDLE else None,
+        idle_timeout=deployment.idle_timeout,
         reason=observed.reason,
         log_tail=observed.log_tail,
         pid=deployment.pid,

@@ -10,6 +10,9 @@ flock, not a pid file: the kernel drops the lock when its holder exits, however 
 `pkg` never leaves a stale lock behind. The file itself is never removed (a waiter would lock an unlinked
 inode while a newcomer locks a new file). Its content says who holds it, for the waiting message only.
 The descriptor is not inheritable (PEP 446), so a server started under the lock does not keep it held.
+
+The gateway takes the same lock to stop an idle server (giving way at once to a `pkg` that holds it: `Busy`)
+and to start it again (waiting, as a `pkg` would); the gateway's own start uses one in its folder.
 """
 
 from __future__ import annotations
@@ -32,16 +35,28 @@ WAIT_SECONDS = 300.0
 _POLL = 0.1
 
 
+class Busy(UserError):
+    """Another process holds the lock, and the caller asked not to wait (`wait=0`)."""
+
+
 @contextmanager
 def held(
-    directory: Path, function: str, action: str, say: Callable[[str], None], *, wait: float = WAIT_SECONDS
+    directory: Path,
+    function: str,
+    action: str,
+    say: Callable[[str], None],
+    *,
+    wait: float = WAIT_SECONDS,
+    name: str = LOCK_FILE,
 ) -> Iterator[None]:
     """Hold the function's lock for the block; `say` tells the user when another `pkg` makes this one wait."""
     directory.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    descriptor = os.open(directory / name, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         if not _try_lock(descriptor):
             holder = _holder(descriptor)
+            if wait <= 0:
+                raise Busy(f"another process ({holder}) is changing {function}")
             say(f"waiting for another pkg ({holder}) to finish with {function} (at most {wait:.0f} s)")
             deadline = time.monotonic() + wait
             while not _try_lock(descriptor):
@@ -49,7 +64,7 @@ def held(
                     raise UserError(
                         f"another pkg ({_holder(descriptor)}) has been changing {function}'s local deployment for "
                         f"more than {wait:.0f} s; wait for it to finish, or stop it and run this again "
-                        f"(lock: {directory / LOCK_FILE})"
+                        f"(lock: {directory / name})"
                     )
                 time.sleep(_POLL)
         os.ftruncate(descriptor, 0)

@@ -35,7 +35,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
@@ -84,8 +84,10 @@ class SnapshotKey:
         criu_version: str,
         api_key_env: str | None,
         prepacked_digest: str = "",
+        environ: Mapping[str, str] | None = None,
     ) -> SnapshotKey:
-        env_key = os.environ.get(api_key_env, "") if api_key_env else ""
+        """The key now; `environ` holds the server's environment (default: this process's)."""
+        env_key = (os.environ if environ is None else environ).get(api_key_env, "") if api_key_env else ""
         return cls(
             bundle_digest=bundle_digest,
             command=command,
@@ -201,6 +203,10 @@ def exists(state_dir: Path) -> bool:
     return (state_dir / SNAPSHOT_DIR / META_FILE).is_file()
 
 
+def discard(state_dir: Path) -> None:
+    shutil.rmtree(state_dir / SNAPSHOT_DIR, ignore_errors=True)
+
+
 def recorded_port(state_dir: Path) -> int | None:
     """The port the snapshot's server listens on (a restored process keeps its socket), if there is one."""
     try:
@@ -210,19 +216,26 @@ def recorded_port(state_dir: Path) -> int | None:
         return None
 
 
+def problem(state_dir: Path, key: SnapshotKey) -> str | None:
+    """Why the snapshot in `state_dir` cannot be resumed with `key` (absent, unreadable, taken with another
+    key); None when it can."""
+    meta = state_dir / SNAPSHOT_DIR / META_FILE
+    try:
+        data = json.loads(meta.read_text())
+        taken_with = SnapshotKey(**{**data, "command": tuple(data["command"])})
+    except FileNotFoundError:
+        return "no process snapshot yet"
+    except (ValueError, TypeError, KeyError) as exc:
+        return f"{meta} is unreadable ({exc})"
+    return key.mismatch(taken_with)
+
+
 def restore(state_dir: Path, key: SnapshotKey, criu: Criu, log_file: Path) -> int:
     """Resume the snapshot in `state_dir` as a detached server; its pid. Raises SnapshotUnavailable."""
     images = state_dir / SNAPSHOT_DIR
-    try:
-        data = json.loads((images / META_FILE).read_text())
-        taken_with = SnapshotKey(**{**data, "command": tuple(data["command"])})
-    except FileNotFoundError as exc:
-        raise SnapshotUnavailable("no process snapshot yet") from exc
-    except (ValueError, TypeError, KeyError) as exc:
-        raise SnapshotUnavailable(f"{images / META_FILE} is unreadable ({exc})") from exc
-    problem = key.mismatch(taken_with)
-    if problem is not None:
-        raise SnapshotUnavailable(problem)
+    unusable = problem(state_dir, key)
+    if unusable is not None:
+        raise SnapshotUnavailable(unusable)
     pidfile = images / "restored.pid"
     pidfile.unlink(missing_ok=True)
     # The server's stdout/stderr were the log file, which has grown since: hand CRIU the file open now

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -18,8 +19,8 @@ class ServerState(StrEnum):
 
     READY = "ready"  # answers /ready with 200
     STARTING = "starting"  # its process runs and /ready says it is loading
-    # Snapshotted and stopped on purpose after being idle (`LocalDeployment.idle_since`, set by whatever
-    # stops it, e.g. a gateway after an idle timeout): it holds no memory, and the next request resumes it.
+    # Stopped on purpose by the gateway after `idle_timeout` without a request (`LocalDeployment.idle_since`;
+    # targets/local/idle.py): it holds no memory, and the next request through the gateway starts it again.
     IDLE = "idle"
     EXITED = "exited"  # its process is gone, and nobody meant it to be: the reason says how it ended
     FAILED = "failed"  # its process runs but /ready says its start failed (the log says why)
@@ -44,9 +45,10 @@ class ApiKey:
         flag = {"env": "--api-key-env", "file": "--api-key-file"}.get(self.source)
         return [flag, self.location] if flag else []
 
-    def read(self) -> str | None:
+    def read(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The key; `environ` is where an `env` key is looked up (default: this process's environment)."""
         if self.source == "env":
-            key = os.environ.get(self.location, "").strip()
+            key = (os.environ if environ is None else environ).get(self.location, "").strip()
             if not key:
                 raise UserError(f"the deployment reads its API key from ${self.location}, which is now unset")
             return key
@@ -73,6 +75,8 @@ class LocalPlan:
     function_dir: Path  # absolute, for `pkg ps`
     process_snapshot: bool = False
     prepacked: Path | None = None  # where the graphs with prepacked weights live (`prepack`), if they are used
+    idle_timeout: float = 0.0  # seconds without a request before the gateway stops it; 0 = never
+    max_waking_requests: int = 1
 
     replaces: str | None = None  # the deployment this one replaces: "pid P (state, bundle D)"
     # Where an earlier version left this function's record (`build/NAME/local`): the deploy stops its server.
@@ -120,6 +124,13 @@ class LocalDeployment:
     function_dir: str = ""  # the function folder, absolute: `pkg ps` shows it
     exit_file: str = ""  # where the launcher writes the server's exit status; "" for a resumed process
     idle_since: float | None = None  # epoch seconds it was snapshotted and stopped as idle; None while it should run
+    # Added with the gateway (packager/gateway/): what it needs to stop the server when idle and start it again.
+    process_snapshot: bool = False  # deployed with `process_snapshot`: a wake may resume the snapshot
+    prepacked: str = ""  # the prepacked graphs the server maps ("" without): part of the snapshot's key
+    idle_timeout: float = 0.0  # seconds without a request before the gateway stops it; 0 (and old records) = never
+    max_waking_requests: int = 1  # requests that may wait while it wakes; more get 429
+    wake: str = ""  # while idle: "snapshot" (the next request resumes the process snapshot) or "fresh"
+    wake_note: str = ""  # why a wake will be a fresh start
 
     @property
     def api_key(self) -> ApiKey:
@@ -129,17 +140,41 @@ class LocalDeployment:
     def model_id(self) -> str:
         return self.function  # the server runs with `--model-name NAME` (runtime_flags.py)
 
+
+@dataclass(frozen=True)
+class LocalDeployed:
+    """What `pkg deploy` shows: the deployment and the gateway that routes to it."""
+
+    deployment: LocalDeployment
+    gateway_url: str  # "" when no gateway runs (`gateway_note` says why)
+    gateway_note: str = ""
+
     def summary(self) -> list[tuple[str, str]]:
+        d = self.deployment
+        if self.gateway_url:
+            url = (
+                f"[bold]{self.gateway_url}/v1[/] (OpenAI-compatible, model {d.model_id!r}: the gateway routes by model)"
+            )
+        else:
+            url = f"[bold]{d.url}/v1[/] (OpenAI-compatible; no gateway: {self.gateway_note})"
+        if d.idle_timeout <= 0:
+            idle = "never stopped when idle ([targets.local] idle_timeout = 0)"
+        elif self.gateway_url:
+            idle = f"stopped after {d.idle_timeout:.0f} s without a request; the next request starts it again"
+        else:
+            idle = "never stopped when idle: the gateway does that, and it does not run"
         rows = [
-            ("url", f"[bold]{self.url}/v1[/] (OpenAI-compatible)"),
-            ("pid", str(self.pid)),
-            ("bundle", self.bundle),
-            ("digest", self.bundle_digest),
-            ("api key", self.api_key.describe()),
-            ("log", self.log_file),
+            ("url", url),
+            ("server", f"{d.url} (its own port)"),
+            ("pid", str(d.pid)),
+            ("bundle", d.bundle),
+            ("digest", d.bundle_digest),
+            ("api key", d.api_key.describe()),
+            ("idle", idle),
+            ("log", d.log_file),
         ]
-        rows += [("start", self.start_note)] if self.start_note else []
-        return rows + ([("replaced", self.replaced)] if self.replaced else [])
+        rows += [("start", d.start_note)] if d.start_note else []
+        return rows + ([("replaced", d.replaced)] if d.replaced else [])
 
     def next_step(self, function_dir: Path) -> str:
         return f'try it: pkg invoke {function_dir} "Hello!"'

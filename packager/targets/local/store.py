@@ -11,6 +11,7 @@ a server that is running is never moved under its feet. Once destroyed or replac
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,6 +23,9 @@ from packager.targets.local.records import LocalDeployment
 TARGET = "local"
 STATE_FILE = "state.json"
 PID_FILE = "server.pid"
+# The environment a server needs beyond the gateway's own (its API key, when it comes from a variable), so the
+# gateway can start it again after it was stopped as idle, and check requests' keys. Mode 0600, like `api-key`.
+SERVER_ENV_FILE = "server-env.json"
 
 
 def state_dir(spec: FunctionSpec) -> Path:
@@ -94,5 +98,23 @@ def save(directory: Path, deployment: LocalDeployment) -> None:
 
 
 def forget(directory: Path) -> None:
-    for name in (STATE_FILE, PID_FILE):
+    for name in (STATE_FILE, PID_FILE, SERVER_ENV_FILE):
         (directory / name).unlink(missing_ok=True)
+
+
+def save_server_env(directory: Path, env: dict[str, str]) -> None:
+    path = directory / SERVER_ENV_FILE
+    path.unlink(missing_ok=True)
+    if env:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump(env, handle)
+
+
+def server_env(directory: Path) -> dict[str, str]:
+    """What `save_server_env` wrote; empty when nothing was (no key from a variable, or an earlier version)."""
+    try:
+        data = json.loads((directory / SERVER_ENV_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return {str(name): str(value) for name, value in data.items()} if isinstance(data, dict) else {}

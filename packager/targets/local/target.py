@@ -27,6 +27,7 @@ from pathlib import Path
 from rich.console import Console
 
 from packager.errors import UserError
+from packager.gateway import control as gateway
 from packager.logs import file_lines
 from packager.paths import build_dir, bundle_dir
 from packager.processes import precompile_runtime
@@ -34,17 +35,16 @@ from packager.progress import StepProgress
 from packager.runtime_flags import server_flags
 from packager.spec import FunctionSpec
 from packager.targets.base import READY_TIMEOUT, STOP_TIMEOUT, HttpEndpoint, LogLine, Removal, Target, TargetStatus
-from packager.targets.local import inventory, lock, process_snapshot, server_process, store
+from packager.targets.local import inventory, lock, process_snapshot, server_process, starting, store
 from packager.targets.local.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
-from packager.targets.local.records import ApiKey, LocalDeployment, LocalPlan
-from packager.targets.local.server_process import exit_reason, log_tail
+from packager.targets.local.records import ApiKey, LocalDeployed, LocalDeployment, LocalPlan, ServerState
+from packager.targets.local.starting import Launch, StartFailed
 from packager.targets.local.store import TARGET, state_dir
 from runtime.bundle import BundleError, open_bundle, read_manifest
 from runtime.engine.graphs import bundle_graphs
 from runtime.engine.prepacked import PrepackedGraphs
 
 LOG_FILE = "server.log"
-EXIT_FILE = "server.exit"
 KEY_FILE = "api-key"
 PREPACKED_DIR = "prepacked"
 PROMPT_GRAPH_WAIT = 60.0
@@ -86,6 +86,8 @@ def plan(spec: FunctionSpec) -> LocalPlan:
         function_dir=spec.directory.resolve(),
         process_snapshot=spec.targets.local.process_snapshot,
         prepacked=prepacked,
+        idle_timeout=float(spec.targets.local.idle_timeout),
+        max_waking_requests=spec.targets.local.max_waking_requests,
         legacy_dirs=tuple(found for found, _ in store.found(spec) if found.resolve() != directory),
     )
 
@@ -130,45 +132,37 @@ def _start(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDep
         generated_key.unlink(missing_ok=True)  # left by an earlier deploy that had no key in the environment
     elif not generated_key.is_file():
         _write_secret(generated_key, secrets.token_urlsafe(32))
+    # A key from a variable is kept for the gateway, which starts the server again after it idled.
+    key_env = plan.api_key.location if plan.api_key.source == "env" else None
+    store.save_server_env(plan.state_dir, {key_env: os.environ[key_env].strip()} if key_env else {})
     log_file = plan.state_dir / LOG_FILE
-    exit_file = plan.state_dir / EXIT_FILE
     criu, note = _criu(plan)
-    if criu is not None and process_snapshot.exists(plan.state_dir):
-        port = plan.port or process_snapshot.recorded_port(plan.state_dir) or server_process.free_port(plan.host)
-        key = _snapshot_key(plan, plan.command(port), criu)
-        try:
-            pid = process_snapshot.restore(plan.state_dir, key, criu, log_file)
-        except SnapshotUnavailable as exc:
-            note = f"started fresh: the process snapshot was not used ({exc})"
-        else:
-            exit_file.unlink(missing_ok=True)  # a resumed process has no launcher to record its end
-            deployment = _deployment(plan, port, pid, log_file, start="restored", note="resumed the process snapshot")
-            problem = server_process.wait_ready(
-                deployment.url, lambda: None if server_process.alive(pid) else "exited", ready_timeout
-            )
-            if problem is None:
-                return deployment
-            _stop(plan.state_dir, forget_key=False)
-            note = f"started fresh: the resumed process snapshot {problem}"
-    port = plan.port or server_process.free_port(plan.host)
     precompile_runtime()
-    # No ONNX Runtime telemetry: its store is an SQLite file held under a lock, which CRIU cannot dump.
-    env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1"}
-    # With snapshots, the server runs in a pid namespace of its own (process_snapshot.ISOLATION says why).
-    prefix = process_snapshot.PID_NAMESPACE if criu is not None else ()
-    with log_file.open("wb") as log:
-        process, server_pid = server_process.launch(plan.command(port), log, env, exit_file, prefix)
-    deployment = _deployment(plan, port, server_pid, log_file, start="fresh", note=note, exit_file=exit_file)
+    launch = Launch(
+        directory=plan.state_dir,
+        command=plan.command,
+        log_file=log_file,
+        # No ONNX Runtime telemetry: its store is an SQLite file held under a lock, which CRIU cannot dump.
+        env={**os.environ, "ORT_DISABLE_TELEMETRY": "1"},
+        criu=criu,
+        snapshot_key=lambda command: _snapshot_key(plan, command, criu),
+        timeout=ready_timeout,
+    )
 
-    def exited() -> str | None:
-        code = process.poll()
-        return None if code is None else exit_reason(code)
+    def restore_port() -> int:
+        return plan.port or process_snapshot.recorded_port(plan.state_dir) or server_process.free_port(plan.host)
 
-    problem = server_process.wait_ready(deployment.url, exited, ready_timeout)
-    if problem is not None:
+    def record(port: int, pid: int, start: str, note: str, exit_file: str) -> LocalDeployment:
+        return _deployment(plan, port, pid, log_file, start=start, note=note, exit_file=exit_file)
+
+    try:
+        deployment = starting.start(
+            launch, restore_port, lambda: plan.port or server_process.free_port(plan.host), record, note
+        )
+    except StartFailed as exc:
         _stop(plan.state_dir)
-        raise UserError(f"{plan.function} did not start: the server {problem}\n{log_tail(log_file)}")
-    if criu is not None:
+        raise UserError(f"{plan.function} did not start: {exc}") from None
+    if criu is not None and deployment.start == "fresh":
         deployment = _capture(plan, deployment, criu)
     return deployment
 
@@ -183,10 +177,9 @@ def _adopt_key(previous: LocalDeployment | None, generated_key: Path | None) -> 
     old.unlink(missing_ok=True)
 
 
-def _snapshot_key(plan: LocalPlan, command: tuple[str, ...], criu: Criu) -> SnapshotKey:
-    env_name = plan.api_key.location if plan.api_key.source == "env" else None
-    prepacked = PrepackedGraphs(plan.prepacked).digest() if plan.prepacked is not None else ""
-    return SnapshotKey.current(plan.bundle_digest, command, criu.version, env_name, prepacked)
+def _snapshot_key(plan: LocalPlan, command: tuple[str, ...], criu: Criu | None) -> SnapshotKey:
+    assert criu is not None  # only asked for when a snapshot is resumed or taken
+    return starting.snapshot_key(plan.bundle_digest, command, criu, plan.api_key, plan.prepacked, os.environ)
 
 
 def _criu(plan: LocalPlan) -> tuple[Criu | None, str]:
@@ -199,11 +192,11 @@ def _criu(plan: LocalPlan) -> tuple[Criu | None, str]:
 
 
 def _deployment(
-    plan: LocalPlan, port: int, pid: int, log_file: Path, *, start: str, note: str, exit_file: Path | None = None
+    plan: LocalPlan, port: int, pid: int, log_file: Path, *, start: str, note: str, exit_file: str
 ) -> LocalDeployment:
     deployment = LocalDeployment(
         function=plan.function,
-        url=f"http://{_client_host(plan.host)}:{port}",
+        url=starting.server_url(plan.host, port),
         host=plan.host,
         port=port,
         pid=pid,
@@ -217,7 +210,11 @@ def _deployment(
         start=start,
         start_note=note,
         function_dir=str(plan.function_dir),
-        exit_file=str(exit_file) if exit_file is not None else "",
+        exit_file=exit_file,
+        process_snapshot=plan.process_snapshot,
+        prepacked=str(plan.prepacked or ""),
+        idle_timeout=plan.idle_timeout,
+        max_waking_requests=plan.max_waking_requests,
     )
     store.save(plan.state_dir, deployment)
     return deployment
@@ -251,9 +248,10 @@ def status(spec: FunctionSpec) -> TargetStatus | None:
     if deployment is None:
         return None
     observed = inventory.observe(deployment)
+    running = gateway.running()
     return TargetStatus(
         target=TARGET,
-        url=deployment.url,
+        url=running.url if running is not None else deployment.url,  # the gateway routes to it, idle or not
         pid=deployment.pid,
         bundle_digest=deployment.bundle_digest,
         state=str(observed.state),
@@ -284,10 +282,6 @@ def _stop(directory: Path, *, timeout: float = STOP_TIMEOUT, forget_key: bool = 
     return deployment
 
 
-def _client_host(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "") else host
-
-
 def _write_secret(path: Path, value: str) -> None:
     path.unlink(missing_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -305,7 +299,7 @@ class Local(Target):
             replaces = f"pid {previous.pid} ({previous.state}, bundle {previous.bundle_digest[:19]}…)"
         return replace(plan(spec), replaces=replaces)
 
-    def apply(self, plan: LocalPlan, progress: StepProgress) -> LocalDeployment:
+    def apply(self, plan: LocalPlan, progress: StepProgress) -> LocalDeployed:
         def say(message: str) -> None:
             progress.console.print(message, highlight=False)
 
@@ -322,10 +316,17 @@ class Local(Target):
                 deployment = _start(plan, ready_timeout=self.ready_timeout)
         # What it replaced once it held the lock: another pkg may have deployed while this one waited.
         replaced = f"pid {previous.pid} (bundle {previous.bundle_digest[:19]}…)" if previous is not None else ""
-        return replace(deployment, replaced=replaced)
+        try:  # the one endpoint for every function; without it the server still answers on its own port
+            gateway_url, gateway_note = gateway.ensure().url, ""
+        except UserError as exc:
+            gateway_url, gateway_note = "", str(exc).splitlines()[0]
+        return LocalDeployed(replace(deployment, replaced=replaced), gateway_url, gateway_note)
 
     def status(self, spec: FunctionSpec) -> TargetStatus | None:
         return status(spec)
+
+    def scaling(self, spec: FunctionSpec) -> tuple[int | str, int | str]:
+        return (0 if spec.targets.local.idle_timeout > 0 else 1), 1  # the gateway stops it when idle
 
     def destroy(self, spec: FunctionSpec) -> Removal | None:
         stopped = destroy(spec, timeout=self.stop_timeout)
@@ -335,17 +336,21 @@ class Local(Target):
         return Removal(f"stopped {spec.name} on {TARGET} ({where}); log kept at {stopped.log_file}")
 
     def http_endpoint(self, spec: FunctionSpec) -> HttpEndpoint:
-        current = status(spec)
-        if current is None:
+        """The gateway's URL (started if the function is idle: only the gateway wakes it), else the server's."""
+        deployment = store.current(spec)
+        if deployment is None:
             raise UserError(f"{spec.name} is not deployed; deploy it first: pkg deploy {spec.directory} --target local")
-        if current.state != "ready":
-            tail = server_process.log_tail(Path(current.deployment.log_file))
+        state = inventory.observe(deployment).state
+        if state not in (ServerState.READY, ServerState.IDLE):
+            tail = server_process.log_tail(Path(deployment.log_file))
             raise UserError(
-                f"the local deployment of {spec.name} is not serving (state: {current.state}, pid {current.pid}); "
+                f"the local deployment of {spec.name} is not serving (state: {state}, pid {deployment.pid}); "
                 f"redeploy with `pkg deploy {spec.directory} --target local`\n{tail}"
             )
-        key = current.deployment.api_key.read()
-        return HttpEndpoint(current.url, {"Authorization": f"Bearer {key}"} if key else {})
+        running = gateway.running() or (gateway.ensure() if state is ServerState.IDLE else None)
+        key = deployment.api_key.read()
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return HttpEndpoint(running.url if running is not None else deployment.url, headers)
 
     def logs(
         self, spec: FunctionSpec, *, follow: bool, since_seconds: float | None, tail: int | None

@@ -1,0 +1,120 @@
+"""How a local server starts, for `pkg deploy` and for the gateway's wake of an idle function.
+
+Its process snapshot is resumed where a valid one exists (process_snapshot.py), else a fresh process is
+started; either way the record is written as soon as the pid is known (so `pkg status` says `starting`),
+then the server is waited on until `/ready`. A snapshot that cannot be used, or whose process does not come
+back, is reported in the record's note and the server starts fresh instead; a fresh start that fails raises
+`StartFailed` with the server's last words, and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from packager.targets.base import STOP_TIMEOUT
+from packager.targets.local import process_snapshot, server_process
+from packager.targets.local.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
+from packager.targets.local.records import ApiKey, LocalDeployment
+from runtime.engine.prepacked import PrepackedGraphs
+
+EXIT_FILE = "server.exit"
+
+# (port, pid, start: "fresh" | "restored", note, exit file or "") -> the deployment's record, saved.
+Record = Callable[[int, int, str, str, str], LocalDeployment]
+
+
+class StartFailed(Exception):
+    """The server did not become ready: why, then the last lines of its log."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    directory: Path  # the function's state folder: its process snapshot, where the exit status goes
+    command: Callable[[int], tuple[str, ...]]  # the server's command for a port
+    log_file: Path
+    env: dict[str, str]
+    criu: Criu | None  # None: no process snapshot is resumed, and a fresh server needs no pid namespace
+    snapshot_key: Callable[[tuple[str, ...]], SnapshotKey]  # what a resumable snapshot of `command` must match
+    timeout: float  # for /ready
+
+
+def start(
+    launch: Launch, restore_port: Callable[[], int], fresh_port: Callable[[], int], record: Record, note: str = ""
+) -> LocalDeployment:
+    """Resume the snapshot on `restore_port()` (its server listens where it was dumped), else start fresh on
+    `fresh_port()`; the ready deployment. `note` says why a snapshot was not even tried, if it was wanted."""
+    if launch.criu is not None and process_snapshot.exists(launch.directory):
+        port = restore_port()
+        key = launch.snapshot_key(launch.command(port))
+        unusable = process_snapshot.problem(launch.directory, key)
+        if unusable is not None:
+            note = f"started fresh: the process snapshot was not used ({unusable})"
+        else:
+            try:
+                pid = process_snapshot.restore(launch.directory, key, launch.criu, launch.log_file)
+            except SnapshotUnavailable as exc:
+                note = f"started fresh: the process snapshot was not used ({exc})"
+            else:
+                deployment = record(port, pid, "restored", "resumed the process snapshot", "")
+                problem = server_process.wait_ready(
+                    deployment.url, lambda: None if server_process.alive(pid) else "exited", launch.timeout
+                )
+                if problem is None:
+                    return deployment
+                _stop(pid)
+                note = f"started fresh: the resumed process snapshot {problem}"
+            # It matched but did not come back: gone, so the server started now is dumped in its place.
+            process_snapshot.discard(launch.directory)
+    port = fresh_port()
+    exit_file = launch.directory / EXIT_FILE
+    # With snapshots, the server runs in a pid namespace of its own (process_snapshot.ISOLATION says why).
+    prefix = process_snapshot.PID_NAMESPACE if launch.criu is not None else ()
+    with launch.log_file.open("wb") as log:
+        process, pid = server_process.launch(launch.command(port), log, launch.env, exit_file, prefix)
+    deployment = record(port, pid, "fresh", note, str(exit_file))
+
+    def exited() -> str | None:
+        code = process.poll()
+        return None if code is None else server_process.exit_reason(code)
+
+    problem = server_process.wait_ready(deployment.url, exited, launch.timeout)
+    if problem is not None:
+        _stop(pid)
+        raise StartFailed(f"the server {problem}\n{server_process.log_tail(launch.log_file)}")
+    return deployment
+
+
+def _stop(pid: int) -> None:
+    if server_process.alive(pid):
+        server_process.terminate(pid, STOP_TIMEOUT)
+
+
+def snapshot_key(
+    bundle_digest: str,
+    command: tuple[str, ...],
+    criu: Criu,
+    api_key: ApiKey,
+    prepacked: Path | None,
+    environ: Mapping[str, str],
+) -> SnapshotKey:
+    env_name = api_key.location if api_key.source == "env" else None
+    digest = PrepackedGraphs(prepacked).digest() if prepacked is not None else ""
+    return SnapshotKey.current(bundle_digest, command, criu.version, env_name, digest, environ)
+
+
+def server_url(host: str, port: int) -> str:
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether the server could listen on `port` (with SO_REUSEADDR, as it binds: TIME_WAIT does not count)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
