@@ -75,7 +75,7 @@ def test_code_layer_is_reproducible_with_bytecode(tmp_path: Path) -> None:
         entry = tar.extractfile(ENTRYPOINT.lstrip("/"))
         assert entry is not None
         text = entry.read().decode()
-    assert "opt/onnxfn/app/runtime/server/__pycache__/app.cpython-311.pyc" in names
+    assert "opt/onnxfn/app/runtime/http/__pycache__/app.cpython-311.pyc" in names
     assert not any("/work/" in n for n in names)
     assert "--system-prompt 'You'\"'\"'re kind; be brief'" in text  # shell-quoted, not split
     # The queue modes get the same flags as one shell word, their $ONNXFN_FLAGS defaults.
