@@ -14,6 +14,7 @@ import runtime.timeline  # noqa: F401  (first: its clock marks when the runtime 
 # isort: split
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -36,4 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        # Ctrl-C: uvicorn has shut down gracefully, then re-raised SIGINT so the exit status says so.
+        sys.exit(128 + signal.SIGINT)

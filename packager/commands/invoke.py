@@ -15,10 +15,8 @@ greengrass says where each device serves.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ import httpx
 from rich.console import Console
 
 from packager.errors import UserError
+from packager.openai_stream import choice_text, error_message, events
 from packager.spec import FunctionSpec, load_spec
 from packager.targets.base import TARGETS, Target, target
 
@@ -88,7 +87,7 @@ def _invoke_embedding(url: str, spec: FunctionSpec, args: argparse.Namespace, he
     except httpx.HTTPError as exc:
         raise UserError(f"cannot reach {url}: {exc}") from exc
     if response.status_code != 200:
-        raise UserError(f"the endpoint answered {response.status_code}: {_error_message(response)}")
+        raise UserError(f"the endpoint answered {response.status_code}: {error_message(response)}")
     elapsed = time.perf_counter() - started
     reply = response.json()
     vector = np.frombuffer(base64.b64decode(reply["data"][0]["embedding"]), dtype="<f4")
@@ -114,7 +113,7 @@ def _invoke_classification(url: str, spec: FunctionSpec, args: argparse.Namespac
     except httpx.HTTPError as exc:
         raise UserError(f"cannot reach {url}: {exc}") from exc
     if response.status_code != 200:
-        raise UserError(f"the endpoint answered {response.status_code}: {_error_message(response)}")
+        raise UserError(f"the endpoint answered {response.status_code}: {error_message(response)}")
     elapsed = time.perf_counter() - started
     reply = response.json()
     result = reply["data"][0]
@@ -163,7 +162,7 @@ def _invoke_queue(spec: FunctionSpec, args: argparse.Namespace) -> int:
     if result.status != 200:
         error = result.body.get("error", {})
         raise UserError(f"the function answered {result.status}: {error.get('message')} (param: {error.get('param')})")
-    sys.stdout.write(_choice_text(result.body["choices"][0]) + "\n")
+    sys.stdout.write(choice_text(result.body["choices"][0]) + "\n")
     sys.stdout.flush()
     usage = result.body["usage"]
     err_console.print(
@@ -180,7 +179,7 @@ def _invoke_through_target(chosen: Target, spec: FunctionSpec, args: argparse.Na
     reply = chosen.invoke(spec, path, body)
     elapsed = time.perf_counter() - started
     choices = reply.get("choices") or [{}]
-    sys.stdout.write(_choice_text(choices[0]) + "\n")
+    sys.stdout.write(choice_text(choices[0]) + "\n")
     sys.stdout.flush()
     usage = reply.get("usage")
     if usage:
@@ -197,12 +196,12 @@ def _stream_reply(url: str, body: dict[str, Any], headers: dict[str, str], timeo
         with httpx.stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
             if response.status_code != 200:
                 response.read()
-                raise UserError(f"the endpoint answered {response.status_code}: {_error_message(response)}")
-            for event in _events(response.iter_lines()):
+                raise UserError(f"the endpoint answered {response.status_code}: {error_message(response)}")
+            for event in events(response.iter_lines()):
                 if "error" in event:
                     raise UserError(f"the endpoint failed mid-reply: {event['error'].get('message')}")
                 for choice in event.get("choices", []):
-                    sys.stdout.write(_choice_text(choice))
+                    sys.stdout.write(choice_text(choice))
                     sys.stdout.flush()
                 usage = event.get("usage") or usage
     except httpx.HTTPError as exc:
@@ -211,27 +210,3 @@ def _stream_reply(url: str, body: dict[str, Any], headers: dict[str, str], timeo
         sys.stdout.write("\n")
         sys.stdout.flush()
     return usage
-
-
-def _choice_text(choice: dict[str, Any]) -> str:
-    """The text of one choice: a completion's `text`, a chat message's or a streamed delta's `content`."""
-    if "text" in choice:
-        return str(choice["text"] or "")
-    return str((choice.get("message") or choice.get("delta") or {}).get("content") or "")
-
-
-def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
-    for line in lines:
-        if not line.startswith("data: "):
-            continue
-        data = line.removeprefix("data: ")
-        if data == "[DONE]":
-            return
-        yield json.loads(data)
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        return str(response.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return response.text[:500]
