@@ -37,6 +37,7 @@ COMMANDS = {
     "invoke": ("invoke", "{f}", "hi", "--target", "{t}"),
     "logs": ("logs", "{f}", "--target", "{t}"),
     "destroy": ("destroy", "{f}", "--target", "{t}"),
+    "chat": ("chat", "{f}", "--target", "{t}"),
 }
 # The cells whose answer is a refusal naming the alternative.
 REFUSALS = {
