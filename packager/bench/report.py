@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from packager.bench import embeddings, targets
+from packager.bench import embeddings, gateway, targets
 from packager.bench.pairing import baseline_of, paired_interval
 from packager.bench.stats import median
 from packager.bench.systems import PROCESS_SNAPSHOT, VARIANTS
@@ -374,6 +374,7 @@ RENDERERS = (
     ("artifacts", render_footprint),
     ("quality", render_quality),
     ("embeddings", embeddings.render),
+    ("gateway", gateway.render),
 )
 
 

@@ -33,7 +33,7 @@ from typing import Any
 if importlib.util.find_spec("aiohttp") is None:  # the client of every server figure; setup.sh does not install it
     sys.exit("bench: aiohttp is not installed: install the bench's peers first with scripts/setup_bench.sh")
 
-from packager.bench import coldstart, embeddings, footprint, machine, models, quality, report, sections
+from packager.bench import coldstart, embeddings, footprint, gateway, machine, models, quality, report, sections
 from packager.bench.models import GENAI_EXPORTS, BenchModel, ModelUnavailable
 from packager.bench.pool import Worker, WorkerError
 from packager.bench.prompts import PromptFactory, PromptsUsedUp
@@ -47,7 +47,7 @@ from runtime.engine.graphs import QUANTIZED_PREFILL_FILE, decodes_with_prefill_g
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: functions/, build/ and bench/ are read and written there
 DEFAULT_MODEL = "smollm2"  # the demo: its results are bench/results.md
-SECTIONS = ("decode", "prefill", "concurrency", "cold", "quality", "memory", "embeddings")
+SECTIONS = ("decode", "prefill", "concurrency", "cold", "quality", "memory", "embeddings", "gateway")
 FULL = sections.Plan(
     repetitions=5,
     decode_prompt=32,
@@ -243,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     if "memory" in args.sections:
         progress(started, "memory")
         results["memory"] = measure_memory(configs, prompts, plan)
+    if "gateway" in args.sections:
+        progress(started, "gateway")
+        results["gateway"] = gateway.measure(model, prompts, plan)
+        write_results(results, args.out, contention)
     if "quality" in args.sections:
         progress(started, "quality")
         results["quality"] = quality.measure(model)

@@ -16,8 +16,10 @@ from pathlib import Path
 import httpx
 
 from packager.errors import UserError
+from packager.gateway.upstream import Pool
 from packager.targets.local import store
 from packager.targets.local.records import LocalDeployment
+from runtime.api.errors import APIError
 from runtime.http.auth import BearerAuth
 
 REFRESH_SECONDS = 0.5
@@ -41,6 +43,7 @@ class Function:
     requests_seen: float | None = None  # its /metrics request counter at the last look (direct traffic)
     next_scrape: float = 0.0
     _client: httpx.AsyncClient | None = None
+    _pool: Pool | None = None
 
     @property
     def name(self) -> str:
@@ -58,9 +61,16 @@ class Function:
     def opens(self, authorization: str | None) -> bool:
         return not self.key_problem and BearerAuth(self.key).allows(authorization)
 
+    def pool(self) -> Pool:
+        """The relay's connections to its server (upstream.py). Like `client`, closed before the server is
+        stopped, so no connection of the gateway's is in its process snapshot."""
+        if self._pool is None:
+            url = httpx.URL(self.deployment.url)
+            self._pool = Pool(url.host, url.port or 80)
+        return self._pool
+
     def client(self) -> httpx.AsyncClient:
-        """A connection pool to its server (one per function: closed before it is stopped, so no connection
-        of the gateway's is in its process snapshot)."""
+        """httpx to its server, for the gateway's own requests (its /metrics)."""
         if self._client is None:
             self._client = httpx.AsyncClient(
                 base_url=self.deployment.url,
@@ -73,6 +83,9 @@ class Function:
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
     def finished(self) -> None:
         self.in_flight -= 1
@@ -97,6 +110,20 @@ class Registry:
 
     def named(self, model: str) -> list[Function]:
         return [function for function in self.all() if function.name == model]
+
+    def opened(self, authorization: str | None) -> list[Function]:
+        """The functions `authorization` opens; a 401 when it opens none of those deployed."""
+        found = [function for function in self.all() if function.opens(authorization)]
+        if not found and self._functions:
+            given = "incorrect API key provided" if authorization else "missing bearer token"
+            raise APIError(
+                401,
+                f"{given}: it opens none of the functions deployed here; send 'Authorization: Bearer <API key>' "
+                "with a function's key (pkg status functions/NAME --api-key prints it)",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return found
 
     async def refresh(self, *, force: bool = False) -> None:
         """Read the records that changed since the last look; forget the destroyed ones."""

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
+from packager.gateway import metrics
 from packager.gateway.functions import Function, Registry
 from packager.targets.local import idle
 from runtime.api.errors import APIError
@@ -26,8 +27,6 @@ from runtime.api.errors import APIError
 log = logging.getLogger("onnxfn.gateway")
 TICK_SECONDS = 1.0
 MIN_SCRAPE_SECONDS = 1.0
-REQUESTS_METRIC = "onnxfn_http_requests_total"
-BUSY_METRICS = ("onnxfn_running_requests", "onnxfn_queue_depth")
 
 
 class Lifecycle:
@@ -133,23 +132,11 @@ class Lifecycle:
             return False
         if response.status_code != 200:
             return False
-        requests, busy = _activity(response.text)
-        if busy or (function.requests_seen is not None and requests != function.requests_seen):
+        figures = metrics.parse(response.text)
+        if figures.busy or (function.requests_seen is not None and figures.requests != function.requests_seen):
             function.last_activity = now
-        function.requests_seen = requests
+        function.requests_seen = figures.requests
         return True
-
-
-def _activity(metrics: str) -> tuple[float, bool]:
-    """(requests served, whether any is running or queued) from a Prometheus text page."""
-    requests, busy = 0.0, False
-    for line in metrics.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name.startswith(REQUESTS_METRIC):
-            requests += float(value)
-        elif name in BUSY_METRICS and float(value) > 0:
-            busy = True
-    return requests, busy
 
 
 def _too_many_waiting(function: Function, limit: int) -> APIError:

@@ -46,18 +46,29 @@ def record(root: Path, name: str, url: str, key: str | None, folder: str | None 
     (directory / "state.json").write_text(json.dumps(asdict(deployment)))
 
 
+ABANDONED: list[int] = []  # streams of the stand-in whose client went away, by how many events were sent
+
+
 def stand_in() -> Starlette:
-    """Answers like a function's server: echoes what it got, or streams three SSE events EVENT_GAP apart."""
+    """Answers like a function's server: echoes what it got, or streams SSE events EVENT_GAP apart (3, or
+    `n` of them), noting a stream whose client went away before its end."""
 
     async def endpoint(request: Request) -> Response:
         body = await request.body()
         if b'"stream": true' in body or b'"stream":true' in body:
+            count = int(json.loads(body).get("n", 3))
 
             async def events() -> AsyncIterator[bytes]:
-                for index in range(3):
-                    yield f'data: {{"index": {index}}}\n\n'.encode()
-                    await asyncio.sleep(EVENT_GAP)
-                yield b"data: [DONE]\n\n"
+                sent = 0
+                try:
+                    for index in range(count):
+                        yield f'data: {{"index": {index}}}\n\n'.encode()
+                        sent += 1
+                        await asyncio.sleep(EVENT_GAP)
+                    yield b"data: [DONE]\n\n"
+                except BaseException:
+                    ABANDONED.append(sent)
+                    raise
 
             return StreamingResponse(events(), media_type="text/event-stream")
         echoed = {"path": request.url.path, "auth": request.headers.get("authorization"), "bytes": len(body)}
@@ -121,6 +132,17 @@ def test_a_stream_is_relayed_event_by_event(served: tuple[str, Path]) -> None:
                 arrivals.append((time.monotonic() - started, line))
     assert [line for _, line in arrivals][-1] == "data: [DONE]"
     assert arrivals[0][0] < EVENT_GAP and arrivals[-1][0] >= 3 * EVENT_GAP  # not held until the end
+
+
+def test_a_client_that_goes_away_stops_the_server_stream(served: tuple[str, Path]) -> None:
+    url, _ = served
+    body = {"model": "alpha", "stream": True, "n": 50, "messages": []}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=bearer("key-a")) as stream:
+        assert next(stream.iter_lines()).startswith("data:")
+    deadline = time.monotonic() + 5
+    while not ABANDONED and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ABANDONED and ABANDONED[-1] < 10  # the server stopped long before its 50 events
 
 
 def test_client_mistakes_are_openai_shaped_4xx(served: tuple[str, Path]) -> None:

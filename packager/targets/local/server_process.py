@@ -128,7 +128,7 @@ def terminate(pid: int, timeout: float) -> None:
     raise UserError(f"process {pid} survived SIGKILL; stop it by hand")
 
 
-def wait_ready(url: str, exited: Callable[[], str | None], timeout: float) -> str | None:
+def wait_ready(url: str, exited: Callable[[], str | None], timeout: float, interval: float = _POLL) -> str | None:
     """None once `url/ready` answers 200; otherwise what went wrong (`exited()` says whether the server died)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -137,7 +137,7 @@ def wait_ready(url: str, exited: Callable[[], str | None], timeout: float) -> st
             return problem
         if probe(url) == "ready":
             return None
-        time.sleep(_POLL)
+        time.sleep(interval)
     return f"was not ready after {timeout:.0f} s"
 
 

@@ -59,8 +59,10 @@ def start(
                 note = f"started fresh: the process snapshot was not used ({exc})"
             else:
                 deployment = record(port, pid, "restored", "resumed the process snapshot", "")
+                # A resumed server is ready within milliseconds: polled 10x as often as a fresh one, since every
+                # poll interval lost here is added to a woken function's first token.
                 problem = server_process.wait_ready(
-                    deployment.url, lambda: None if server_process.alive(pid) else "exited", launch.timeout
+                    deployment.url, lambda: None if server_process.alive(pid) else "exited", launch.timeout, 0.01
                 )
                 if problem is None:
                     return deployment
