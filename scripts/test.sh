@@ -9,6 +9,8 @@ bash scripts/setup_image_tools.sh
 bash scripts/setup_terraform_tools.sh
 # CRIU >= 4.1 for the local target's process snapshots (Debian 12 ships 3.17): built once per machine.
 bash scripts/setup_criu.sh
+# Chromium for the gateway page's browser test (driven by playwright, from the test extra).
+bash scripts/setup_browser.sh
 # Types first (~30 s cold): mypy over packager/ and runtime/, strict on the deploy targets and the engine
 # ([tool.mypy] in pyproject.toml).
 .venv/bin/python -m mypy

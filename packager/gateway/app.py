@@ -5,6 +5,7 @@
   every route, parameter and error of the runtime works here too. An idle function is woken first
   (lifecycle.py).
 - `GET /v1/models` lists the functions the presented key opens; `GET /v1/models/NAME` one of them.
+- `GET /` is a page of the functions with live figures and a chat (page.py).
 - `GET /health` says it is the gateway (`pkg` tells it from another program on the port that way).
 
 Each function keeps its own API key: the gateway checks it before waking or relaying anything (401 in
@@ -28,6 +29,7 @@ from starlette.routing import Route
 from packager.gateway.control import SERVICE
 from packager.gateway.functions import Function, Registry
 from packager.gateway.lifecycle import Lifecycle
+from packager.gateway.page import routes as page_routes
 from packager.gateway.relay import Disconnected, Receive, Scope, Send, read_body, relay
 from runtime.api.encoding import decode_body
 from runtime.api.errors import APIError
@@ -137,6 +139,7 @@ def create_app(registry: Registry) -> Any:
             Route("/health", health, methods=["GET"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
+            *page_routes(registry),
         ],
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_error},
