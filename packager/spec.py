@@ -140,7 +140,10 @@ class AwsLambdaTarget:
     ephemeral_storage_mb: int = bounded(1024, lo=512, hi=10240)
     reserved_concurrency: int | None = field(default=None, metadata={"min": 0, "max": None})
     provisioned_concurrency: int = bounded(0, lo=0)
-    snapstart: bool = False  # AWS offers SnapStart for zip packages only: true is refused with the reason
+    # image: the container image (the bundle in a layer); zip: the runtime in a zip package, the bundle fetched
+    # from S3 in the init phase (what SnapStart needs); auto: zip when snapstart is on, else image.
+    package: str = choice("auto", "image", "zip", default="auto")
+    snapstart: bool = False  # SnapStart on published versions; needs the zip package
     url_auth: str = choice("AWS_IAM", "NONE", default="AWS_IAM")
     batch_size: int = bounded(8, lo=1, hi=10000)
     batch_window_seconds: int = bounded(0, lo=0, hi=300)

@@ -127,7 +127,8 @@ KEY_DOCS: dict[str, str] = {
     "from the snapshot in about 0.2 s, else fresh. 0 = never idle.",
     "targets.local.max_waking_requests": "Requests that may wait at the gateway while an idle function starts "
     "again; beyond that they get HTTP 429 with `Retry-After`.",
-    "targets.aws-lambda": "A container-image Lambda function with a function URL and an SQS queue + DLQ.",
+    "targets.aws-lambda": "A Lambda function (container image, or zip package with SnapStart) with a function URL "
+    "and an SQS queue + DLQ.",
     "targets.aws-lambda.region": _REGION_DOC,
     "targets.aws-lambda.endpoint_url": "AWS endpoint (default: `$AWS_ENDPOINT_URL`, else AWS itself).",
     "targets.aws-lambda.memory_mb": "Function memory; Lambda allocates CPU in proportion.",
@@ -136,8 +137,12 @@ KEY_DOCS: dict[str, str] = {
     "targets.aws-lambda.ephemeral_storage_mb": "Size of `/tmp`.",
     "targets.aws-lambda.reserved_concurrency": "Concurrency reserved for (and capping) the function; unset = none.",
     "targets.aws-lambda.provisioned_concurrency": "Environments kept initialised (no cold start, billed while idle).",
-    "targets.aws-lambda.snapstart": "SnapStart; AWS offers it for zip packages only, so `true` is refused for "
-    "this image-based target with the reason.",
+    "targets.aws-lambda.package": "`image`: a container image with the bundle in a layer (up to 10 GB); `zip`: the "
+    "runtime in a zip package for the managed Python runtime (250 MB unpacked at most), the bundle fetched from "
+    "the function's bucket into `/tmp` in the init phase; `auto`: `zip` when `snapstart = true`, else `image`.",
+    "targets.aws-lambda.snapstart": "SnapStart on published versions (the alias follows the newest): the init phase "
+    "runs once per version and cold starts resume from its snapshot. Needs the zip package, no provisioned "
+    "concurrency and at most 512 MB of ephemeral storage.",
     "targets.aws-lambda.url_auth": "Auth type of the function URL.",
     "targets.aws-lambda.batch_size": "SQS messages per invocation.",
     "targets.aws-lambda.batch_window_seconds": "How long SQS gathers a batch before invoking.",

@@ -10,7 +10,9 @@ import loads it (under SnapStart, the before-snapshot hook does, see `runtime.aw
 Lambda (tests, a REPL) it loads on the first call instead.
 
 Configuration is the environment: `ONNXFN_BUNDLE` (default `/opt/onnxfn/bundle`, where the image puts
-it) and `ONNXFN_FLAGS`, the worker's model and AWS flags as one shell-quoted string.
+it) and `ONNXFN_FLAGS`, the worker's model and AWS flags as one shell-quoted string. A zip package has no
+bundle inside: `ONNXFN_BUNDLE_S3` and `ONNXFN_BUNDLE_DIGEST` name it in the function's bucket, and the init
+phase fetches and verifies it (`runtime.aws_lambda.bundle_fetch`).
 """
 
 from __future__ import annotations
@@ -60,13 +62,28 @@ def loaded_function() -> LambdaFunction:
         if LOG_LEVEL_ENV not in os.environ:  # awslambdaric leaves the root at WARNING: keep the start-up timeline
             logging.getLogger("runtime").setLevel(logging.INFO)
         args = lambda_arguments(environment_flags())
-        pending = begin_handler(Path(os.environ.get(BUNDLE_ENV, DEFAULT_BUNDLE)), args)
+        pending = begin_handler(_bundle(args), args)
         # The HTTP and queue stack imports (~0.2 s) while the model's session builds: this module imports
         # none of it, so that the build begins first.
         from runtime.aws_lambda.function import LambdaFunction
 
         _function = LambdaFunction.load(pending)
     return _function
+
+
+def _bundle(args: argparse.Namespace) -> Path:
+    """The image's bundle, or (zip package) the bundle fetched from S3 and verified file by file now."""
+    from runtime.aws_lambda.bundle_fetch import BUNDLE_DIGEST_ENV, BUNDLE_S3_ENV
+
+    if BUNDLE_S3_ENV not in os.environ:
+        return Path(os.environ.get(BUNDLE_ENV, DEFAULT_BUNDLE))
+    from runtime.aws_lambda.bundle_fetch import fetch_bundle
+    from runtime.timeline import TIMELINE
+
+    with TIMELINE.phase("bundle_fetch"):
+        bundle = fetch_bundle(os.environ[BUNDLE_S3_ENV], os.environ.get(BUNDLE_DIGEST_ENV, ""))
+    args.no_verify = True  # every file was hashed on its way from S3: hashing it again would only repeat that
+    return bundle
 
 
 class _FlagsParser(argparse.ArgumentParser):

@@ -47,7 +47,7 @@ def test_settings_aws_refuses_are_named_before_deploying(
     code, out = deploy(workspace, capsys)
     assert code == 2
     assert (
-        "SnapStart for zip packages only" in out
+        "snapstart = true with provisioned_concurrency: AWS allows one or the other" in out
         and "provisioned_concurrency = 3 exceeds reserved_concurrency = 2" in out
     )
 

@@ -3,8 +3,11 @@ provisioned concurrency. Same contract as `aws_resources`: read back in the shap
 
 from __future__ import annotations
 
+import base64
 import json
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -14,8 +17,10 @@ from packager.targets.aws.common import AwsContext, Resource, error_code, if_exi
 
 PUBLIC_URL_STATEMENT = "onnxfn-public-function-url"
 ROLE_PROPAGATION_SECONDS = 60.0  # a new IAM role takes a few seconds before Lambda may assume it
-CODE_FIELDS = ("image_uri", "architecture")
-CONFIG_FIELDS = ("role", "memory_mb", "timeout_seconds", "ephemeral_storage_mb", "environment", "command")
+CODE_FIELDS = ("image_uri", "code_sha256", "architecture")
+CONFIG_FIELDS = ("role", "memory_mb", "timeout_seconds", "ephemeral_storage_mb", "environment", "command", "runtime",
+                 "handler", "snapstart")  # fmt: skip
+VERSION_READY_SECONDS = 900.0  # publishing a SnapStart version runs the init phase and takes the snapshot
 
 
 def _no_queue(exc: ClientError) -> bool:
@@ -70,8 +75,37 @@ class QueueDriver:
         return attributes
 
 
+@dataclass(frozen=True)
+class S3UploadDriver:
+    """Content-addressed objects in the function's bucket (the zip package, the bundle's files): the name is
+    `BUCKET/KEY-OR-PREFIX`, the last file is written last and its presence says the upload is complete."""
+
+    files: tuple[tuple[str, Path], ...]  # (key, local path)
+
+    def read(self, context: AwsContext, resource: Resource) -> dict[str, Any] | None:
+        bucket = resource.name.split("/", 1)[0]
+        last = self.files[-1][0]
+        found = if_exists(lambda: context.client("s3").head_object(Bucket=bucket, Key=last), "404", "NoSuchKey")
+        return None if found is None else dict(resource.settings)
+
+    def create(self, context: AwsContext, resource: Resource) -> None:
+        bucket, s3 = resource.name.split("/", 1)[0], context.client("s3")
+        for key, path in self.files:
+            s3.upload_file(str(path), bucket, key)
+
+    def update(self, context: AwsContext, resource: Resource, fields: tuple[str, ...]) -> None:
+        self.create(context, resource)
+
+    def delete(self, context: AwsContext, name: str) -> bool:
+        return False  # objects go with their bucket
+
+
+@dataclass(frozen=True)
 class FunctionDriver:
-    """The function from the ECR image; code, configuration and reserved concurrency update in place."""
+    """The function from the ECR image or from the zip in `code_bucket` (settings with `code_sha256`): code,
+    configuration and reserved concurrency update in place; the package type cannot change."""
+
+    code_bucket: str = ""
 
     def read(self, context: AwsContext, resource: Resource) -> dict[str, Any] | None:
         function = if_exists(
@@ -80,15 +114,32 @@ class FunctionDriver:
         if function is None:
             return None
         config = function["Configuration"]
+        if config.get("PackageType") == "Zip":
+            return {
+                "package": "Zip",
+                "code_sha256": config.get("CodeSha256"),
+                "runtime": config.get("Runtime"),
+                "handler": config.get("Handler"),
+                "snapstart": config.get("SnapStart", {}).get("ApplyOn", "None"),
+                **self._common(function),
+            }
         return {
+            "package": "Image",
             "image_uri": function.get("Code", {}).get("ImageUri"),
+            "command": config.get("ImageConfigResponse", {}).get("ImageConfig", {}).get("Command"),
+            **self._common(function),
+        }
+
+    @staticmethod
+    def _common(function: dict[str, Any]) -> dict[str, Any]:
+        config = function["Configuration"]
+        return {
             "role": config["Role"],
             "memory_mb": config["MemorySize"],
             "timeout_seconds": config["Timeout"],
             "architecture": (config.get("Architectures") or ["x86_64"])[0],
             "ephemeral_storage_mb": config.get("EphemeralStorage", {}).get("Size", 512),
             "environment": config.get("Environment", {}).get("Variables", {}),
-            "command": config.get("ImageConfigResponse", {}).get("ImageConfig", {}).get("Command"),
             "reserved_concurrency": function.get("Concurrency", {}).get("ReservedConcurrentExecutions"),
             "tags": function.get("Tags", {}),
         }
@@ -96,10 +147,13 @@ class FunctionDriver:
     def create(self, context: AwsContext, resource: Resource) -> None:
         settings = resource.settings
         arguments = {
-            "FunctionName": resource.name, "PackageType": "Image", "Code": {"ImageUri": settings["image_uri"]},
-            "Architectures": [settings["architecture"]], "Tags": settings["tags"], "Publish": False,
-            **self._configuration(settings),
+            "FunctionName": resource.name, **self._code(settings), "Architectures": [settings["architecture"]],
+            "Tags": settings["tags"], "Publish": False, **self._configuration(settings),
         }  # fmt: skip
+        if self._zip(settings):
+            arguments["PackageType"] = "Zip"
+        else:
+            arguments["PackageType"] = "Image"
         deadline = time.monotonic() + ROLE_PROPAGATION_SECONDS
         while True:
             try:
@@ -116,10 +170,17 @@ class FunctionDriver:
 
     def update(self, context: AwsContext, resource: Resource, fields: tuple[str, ...]) -> None:
         client, name, settings = context.client("lambda"), resource.name, resource.settings
+        if "package" in fields or (not self._zip(settings) and "image_uri" in fields):
+            current = client.get_function_configuration(FunctionName=name).get("PackageType")
+            wanted = "Zip" if self._zip(settings) else "Image"
+            if current != wanted:
+                raise UserError(
+                    f"Lambda function {name} is a {current} package and this deploy makes a {wanted} package; Lambda "
+                    f"cannot change a function's package type: pkg destroy it, then deploy again"
+                )
         if any(f in CODE_FIELDS for f in fields):
-            client.update_function_code(
-                FunctionName=name, ImageUri=settings["image_uri"], Architectures=[settings["architecture"]]
-            )
+            code = self._code(settings)["Code"]
+            client.update_function_code(FunctionName=name, **code, Architectures=[settings["architecture"]])
             self._wait(context, name)
         if any(f in CONFIG_FIELDS for f in fields):
             client.update_function_configuration(FunctionName=name, **self._configuration(settings))
@@ -141,15 +202,28 @@ class FunctionDriver:
         return deleted is not None
 
     @staticmethod
-    def _configuration(settings: dict[str, Any]) -> dict[str, Any]:
-        return {
+    def _zip(settings: dict[str, Any]) -> bool:
+        return "code_sha256" in settings
+
+    def _code(self, settings: dict[str, Any]) -> dict[str, Any]:
+        if not self._zip(settings):
+            return {"Code": {"ImageUri": settings["image_uri"]}}
+        sha256 = base64.b64decode(settings["code_sha256"]).hex()
+        return {"Code": {"S3Bucket": self.code_bucket, "S3Key": f"code/{sha256}.zip"}}
+
+    @classmethod
+    def _configuration(cls, settings: dict[str, Any]) -> dict[str, Any]:
+        configuration = {
             "Role": settings["role"],
             "MemorySize": settings["memory_mb"],
             "Timeout": settings["timeout_seconds"],
             "EphemeralStorage": {"Size": settings["ephemeral_storage_mb"]},
             "Environment": {"Variables": settings["environment"]},
-            "ImageConfig": {"Command": settings["command"]},
         }
+        if cls._zip(settings):
+            return {**configuration, "Runtime": settings["runtime"], "Handler": settings["handler"],
+                    "SnapStart": {"ApplyOn": settings["snapstart"]}}  # fmt: skip
+        return {**configuration, "ImageConfig": {"Command": settings["command"]}}
 
     @staticmethod
     def _wait(context: AwsContext, name: str) -> None:
@@ -203,11 +277,20 @@ class AliasDriver:
 
     @staticmethod
     def _publish(context: AwsContext, function: str, digest: str) -> str:
-        return str(
-            context.client("lambda").publish_version(FunctionName=function, Description=f"onnxfn config {digest}")[
-                "Version"
-            ]
-        )
+        """Publish a version and wait until it can be invoked: with SnapStart, Lambda runs the init phase and takes
+        the snapshot now (the version is Pending meanwhile), and a failing init fails the version with its reason."""
+        client = context.client("lambda")
+        version = str(client.publish_version(FunctionName=function, Description=f"onnxfn config {digest}")["Version"])
+
+        def check() -> str | None:
+            config = client.get_function_configuration(FunctionName=function, Qualifier=version)
+            if config.get("State") == "Failed":
+                reason = config.get("StateReason") or "no reason given"
+                raise UserError(f"version {version} of Lambda function {function} failed: {reason}")
+            return None if config.get("State", "Active") == "Active" else str(config.get("State"))
+
+        wait_until(check, f"version {version} of Lambda function {function}", timeout=VERSION_READY_SECONDS, poll=3.0)
+        return version
 
     @staticmethod
     def _describe(resource: Resource) -> str:

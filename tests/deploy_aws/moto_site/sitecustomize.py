@@ -1,6 +1,8 @@
 """Loaded at start-up by the moto server that the AWS deploy tests launch (this folder is on its PYTHONPATH).
 
-It fills three gaps of moto 5.2.5 as a local AWS endpoint, in the test server only, never in product code:
+It fills four gaps of moto 5.2.5 as a local AWS endpoint, in the test server only, never in product code:
+- Lambda ignores `SnapStart` (it always reports `ApplyOn: None`): keep what create/update set, and report
+  `OptimizationStatus: On` for published versions of a function with `ApplyOn: PublishedVersions`, as Lambda does;
 - SageMaker's instance-type list predates ml.g5 / ml.g6 / ml.g6e / ml.inf2: accept those families too;
 - `UpdateEndpoint` is missing: switch the endpoint to the new endpoint config, as SageMaker does;
 - fault injection: an endpoint whose name contains `fail-on-create` ends in the `Failed` state with a
@@ -68,5 +70,37 @@ def _patch() -> None:
     responses.SageMakerResponse.update_endpoint = update_endpoint_response
 
 
+def _patch_snapstart() -> None:
+    from moto.awslambda import models
+
+    original_init = models.LambdaFunction.__init__
+
+    def init(self: Any, account_id: str, spec: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        original_init(self, account_id, spec, *args, **kwargs)
+        self.onnxfn_snapstart = (spec.get("SnapStart") or {}).get("ApplyOn", "None")
+
+    original_update = models.LambdaFunction.update_configuration
+
+    def update_configuration(self: Any, config_updates: dict[str, Any]) -> Any:
+        if "SnapStart" in config_updates:
+            self.onnxfn_snapstart = config_updates["SnapStart"].get("ApplyOn", "None")
+        return original_update(self, config_updates)
+
+    original_configuration = models.LambdaFunction.get_configuration
+
+    def get_configuration(self: Any, on_create: bool = False) -> dict[str, Any]:
+        config: dict[str, Any] = original_configuration(self, on_create)
+        apply_on = getattr(self, "onnxfn_snapstart", "None")
+        published = str(self.version) not in ("$LATEST", "0")
+        status = "On" if apply_on == "PublishedVersions" and published else "Off"
+        config["SnapStart"] = {"ApplyOn": apply_on, "OptimizationStatus": status}
+        return config
+
+    models.LambdaFunction.__init__ = init
+    models.LambdaFunction.update_configuration = update_configuration
+    models.LambdaFunction.get_configuration = get_configuration
+
+
 if os.environ.get("ONNXFN_MOTO_PATCHES") == "1":
     _patch()
+    _patch_snapstart()
