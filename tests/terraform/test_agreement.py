@@ -78,11 +78,14 @@ def resolve(raw: Any, tags: dict[str, str]) -> Any:
     return raw
 
 
-def compare(inputs: dict[str, Any], actual: dict[str, Any], module: str) -> None:
+ZIP_ONLY = {"package_type", "code_bucket", "code_key", "code_hash", "runtime", "handler", "snapstart"}
+
+
+def compare(inputs: dict[str, Any], actual: dict[str, Any], module: str, unread: frozenset[str] = frozenset()) -> None:
     mismatched = {k: (inputs.get(k), v) for k, v in actual.items() if inputs.get(k) != v}
     assert mismatched == {}, mismatched
-    # Every wired input was compared (or is known to have no read-back here).
-    assert set(WIRING[module]) - set(actual) <= {"provisioned_concurrency", "model_data_url"}
+    # Every wired input was compared (or is known to have no read-back here, or does not apply to this package).
+    assert set(WIRING[module]) - set(actual) <= {"provisioned_concurrency", "model_data_url", *unread}
 
 
 def test_lambda_module_inputs_match_the_deployed_function(
@@ -116,12 +119,63 @@ def test_lambda_module_inputs_match_the_deployed_function(
         "log_retention_days": group["retentionInDays"],
         "tags": function["Tags"],
     }
-    compare(modules["function"], actual, "lambda_function")
+    compare(modules["function"], actual, "lambda_function", frozenset(ZIP_ONLY))
+    assert not ZIP_ONLY & set(modules["function"])  # the image package leaves them at their defaults
     assert modules["ecr"]["name"] == repository
     assert modules["ecr"]["pull_source_arn"] == config["FunctionArn"].removesuffix(":$LATEST")
     buckets = [b["Name"] for b in moto_server.client("s3").list_buckets()["Buckets"]]
     assert buckets == [modules["bucket"]["name"]]
     assert modules["function"]["provisioned_concurrency"] == 0
+
+
+def test_lambda_zip_module_inputs_match_the_deployed_snapstart_function(
+    workspace: Workspace, moto_server: MotoServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workspace.write_spec(LAMBDA.replace("ephemeral_storage_mb = 4096", "ephemeral_storage_mb = 512")
+                         + "snapstart = true\n")  # fmt: skip
+    root, modules = emit(workspace, "aws-lambda", capsys)
+    name, lam = workspace.name, moto_server.client("lambda")
+    function = lam.get_function(FunctionName=name)
+    config = function["Configuration"]
+    sqs = moto_server.client("sqs")
+    queue = sqs.get_queue_url(QueueName=f"{name}-requests")["QueueUrl"]
+    attributes = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["All"])["Attributes"]
+    (mapping,) = lam.list_event_source_mappings(EventSourceArn=attributes["QueueArn"])["EventSourceMappings"]
+    (group,) = moto_server.client("logs").describe_log_groups(logGroupNamePrefix=f"/aws/lambda/{name}")["logGroups"]
+    actual = {
+        "function_name": config["FunctionName"],
+        "package_type": config["PackageType"],
+        "code_hash": config["CodeSha256"],
+        "runtime": config["Runtime"],
+        "handler": config["Handler"],
+        "snapstart": config["SnapStart"]["ApplyOn"] == "PublishedVersions",
+        "architecture": config["Architectures"][0],
+        "memory_mb": config["MemorySize"],
+        "timeout_seconds": config["Timeout"],
+        "ephemeral_storage_mb": config["EphemeralStorage"]["Size"],
+        "environment": config["Environment"]["Variables"],
+        "reserved_concurrency": function["Concurrency"]["ReservedConcurrentExecutions"],
+        "url_auth": lam.get_function_url_config(FunctionName=name, Qualifier="live")["AuthType"],
+        "batch_size": mapping["BatchSize"],
+        "batch_window_seconds": mapping["MaximumBatchingWindowInSeconds"],
+        "max_concurrency": mapping["ScalingConfig"]["MaximumConcurrency"],
+        "max_receive_count": int(json.loads(attributes["RedrivePolicy"])["maxReceiveCount"]),
+        "log_retention_days": group["retentionInDays"],
+        "tags": function["Tags"],
+    }
+    compare(modules["function"], actual, "lambda_function", frozenset({"image_uri", "code_bucket", "code_key"}))
+    assert "ecr" not in modules
+    assert modules["function"]["code_key"] == "${aws_s3_object.code.key}"
+    # The objects the root uploads are the ones pkg deploy uploaded: the same keys, the same bytes.
+    s3 = moto_server.client("s3")
+    (bucket,) = [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    assert bucket == modules["bucket"]["name"]
+    objects = blocks(load_hcl(root / "main.tf"), "resource")
+    code, bundle = objects["aws_s3_object.code"], objects["aws_s3_object.bundle"]
+    deployed = {item["Key"] for item in s3.list_objects_v2(Bucket=bucket)["Contents"]}
+    assert deployed == {code["key"], *bundle["for_each"]}
+    for key, source in [(code["key"], code["source"]), *bundle["for_each"].items()]:
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == Path(source).read_bytes(), key
 
 
 def test_sagemaker_module_inputs_match_the_deployed_endpoint(

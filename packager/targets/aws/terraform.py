@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from packager.paths import bundle_dir
 from packager.progress import StepProgress
 from packager.spec import FunctionSpec
 from packager.targets.aws import lambda_function as aws_lambda
@@ -23,6 +24,7 @@ from packager.targets.aws import neuron
 from packager.targets.aws import sagemaker as aws_sagemaker
 from packager.targets.aws.common import AwsContext, Resource, resolve_region
 from packager.targets.aws.resources import bundle_digest, function_image
+from runtime.bundle import MANIFEST_NAME, read_manifest
 
 MODULES_DIR = Path(__file__).resolve().parents[3] / "infra" / "terraform" / "modules"
 ACCOUNT = "000000000000"  # stands for the account while planning offline; 12 digits like the real one
@@ -39,6 +41,13 @@ WIRING: dict[str, dict[str, str]] = {
         "environment": "aws_lambda_function.this.environment.variables",
         "reserved_concurrency": "aws_lambda_function.this.reserved_concurrent_executions",
         "image_uri": "aws_lambda_function.this.image_uri",
+        "package_type": "aws_lambda_function.this.package_type",
+        "code_bucket": "aws_lambda_function.this.s3_bucket",
+        "code_key": "aws_lambda_function.this.s3_key",
+        "code_hash": "aws_lambda_function.this.source_code_hash",
+        "runtime": "aws_lambda_function.this.runtime",
+        "handler": "aws_lambda_function.this.handler",
+        "snapstart": "aws_lambda_function.this.dynamic",  # dynamic "snap_start"
         "url_auth": "aws_lambda_function_url.this.authorization_type",
         "batch_size": "aws_lambda_event_source_mapping.requests.batch_size",
         "batch_window_seconds": "aws_lambda_event_source_mapping.requests.maximum_batching_window_in_seconds",
@@ -79,8 +88,10 @@ def emit_root_module(spec: FunctionSpec, target: str, out: Path, *, progress: St
     else:
         blocks = _sagemaker_blocks(spec, context, out, progress)
     out.mkdir(parents=True, exist_ok=True)
+    zipped = target == "aws-lambda" and aws_lambda.choose_package(spec.targets.aws_lambda)[0] == "zip"
+    first = "The zip and the bundle upload with it." if zipped else "Push the image first: pkg image push."
     header = (f"# Written by `pkg deploy --emit-terraform` for {spec.name} on {target}: the resources and settings\n"
-              f"# `pkg deploy --target {target}` creates. Push the image first: pkg image push.\n")  # fmt: skip
+              f"# `pkg deploy --target {target}` creates. {first}\n")  # fmt: skip
     main = out / "main.tf"
     main.write_text(header + "\n" + "\n".join(_preamble(region) + blocks))
     return [main]
@@ -111,29 +122,17 @@ def _preamble(region: str) -> list[str]:
 
 def _lambda_blocks(spec: FunctionSpec, context: AwsContext, out: Path, progress: StepProgress) -> list[str]:
     names = aws_lambda.Names.of(spec.name, context)
+    aws_lambda.check_settings(spec.targets.aws_lambda)
+    if aws_lambda.choose_package(spec.targets.aws_lambda)[0] == "zip":
+        return _lambda_zip_blocks(spec, context, names, out, progress)
     platform = aws_lambda.PLATFORMS[spec.targets.aws_lambda.architecture]
     _, digest = function_image(spec, platform, aws_lambda.state_dir(spec), progress)
     listed = aws_lambda.resources(spec, context, names, f"{names.repository}@{digest}", bundle_digest(spec))
-    found = {r.kind: r for r in listed if r.kind != "sqs-queue"} | {"sqs-queue": _named(listed, names.queue)}
-    function, settings = found["lambda-function"].settings, spec.targets.aws_lambda
     function_arn = context.arn("lambda", f"function:{names.function}")
-    inputs: list[tuple[str, Any]] = [
-        ("function_name", names.function), ("image_uri", Expr(f'"${{module.ecr.repository_url}}@{digest}"')),
-        ("architecture", function["architecture"]), ("memory_mb", function["memory_mb"]),
-        ("timeout_seconds", function["timeout_seconds"]), ("ephemeral_storage_mb", function["ephemeral_storage_mb"]),
-        ("reserved_concurrency", function["reserved_concurrency"]),
-        ("provisioned_concurrency", settings.provisioned_concurrency),
-        ("url_auth", found["lambda-url"].settings["auth_type"]),
-        ("batch_size", found["event-source"].settings["batch_size"]),
-        ("batch_window_seconds", found["event-source"].settings["batch_window_seconds"]),
-        ("max_concurrency", found["event-source"].settings["max_concurrency"]),
-        ("max_receive_count", found["sqs-queue"].settings["redrive"]["maxReceiveCount"]),
-        ("log_retention_days", found["log-group"].settings["retention_days"]),
-        ("bucket_arn", Expr("module.bucket.bucket_arn")), ("tags", Expr("local.tags")),
-        ("environment", {k: _account(v) for k, v in function["environment"].items()}),
-    ]  # fmt: skip
+    package = [("image_uri", Expr(f'"${{module.ecr.repository_url}}@{digest}"'))]
+    inputs, tags = _lambda_inputs(spec, names, listed, package)
     return [
-        _tags_locals(function["tags"]),
+        _tags_locals(tags),
         _module("bucket", out, "s3_bundle_store", [("name", _account(names.bucket)), ("tags", Expr("local.tags"))]),
         _module(
             "ecr",
@@ -148,6 +147,70 @@ def _lambda_blocks(spec: FunctionSpec, context: AwsContext, out: Path, progress:
         ),
         _module("function", out, "lambda_function", inputs),
     ]
+
+
+def _lambda_zip_blocks(
+    spec: FunctionSpec, context: AwsContext, names: aws_lambda.Names, out: Path, progress: StepProgress
+) -> list[str]:
+    """The zip package: the zip and the bundle's files as S3 objects in the function's bucket, the function from
+    the zip with SnapStart as `pkg deploy` creates it."""
+    digest = bundle_digest(spec)
+    zipped = aws_lambda.zip_package(spec, progress)
+    code = aws_lambda.zip_code(zipped, digest)
+    listed = aws_lambda.resources(spec, context, names, "", digest, code=code)
+    function = _named(listed, names.function).settings
+    package: list[tuple[str, Any]] = [
+        ("package_type", "Zip"), ("code_bucket", Expr("module.bucket.bucket")),
+        ("code_key", Expr("aws_s3_object.code.key")), ("code_hash", function["code_sha256"]),
+        ("runtime", function["runtime"]), ("handler", function["handler"]),
+        ("snapstart", function["snapstart"] == "PublishedVersions"),
+    ]  # fmt: skip
+    inputs, tags = _lambda_inputs(spec, names, listed, package)
+    bundle = bundle_dir(spec)
+    files = {f"{code.bundle_prefix}{name}": str((bundle / name).resolve()) for name in read_manifest(bundle).files}
+    files[f"{code.bundle_prefix}{MANIFEST_NAME}"] = str((bundle / MANIFEST_NAME).resolve())
+    objects = [
+        block('resource "aws_s3_object" "code"', [
+            ("bucket", Expr("module.bucket.bucket")), ("key", code.code_key), ("source", str(zipped.path)),
+            ("source_hash", zipped.sha256),
+        ]),
+        block('resource "aws_s3_object" "bundle"', [
+            ("for_each", files), ("bucket", Expr("module.bucket.bucket")), ("key", Expr("each.key")),
+            ("source", Expr("each.value")),
+        ], comments=["# The bundle, content-addressed by its digest: the handler fetches it in the init phase."]),
+    ]  # fmt: skip
+    uploaded = ("depends_on", [Expr("aws_s3_object.bundle")])  # the init phase fetches it
+    function_module = _module("function", out, "lambda_function", [*inputs, uploaded])
+    return [
+        _tags_locals(tags),
+        _module("bucket", out, "s3_bundle_store", [("name", _account(names.bucket)), ("tags", Expr("local.tags"))]),
+        *objects,
+        function_module,
+    ]
+
+
+def _lambda_inputs(
+    spec: FunctionSpec, names: aws_lambda.Names, listed: list[Resource], package: list[tuple[str, Any]]
+) -> tuple[list[tuple[str, Any]], dict[str, str]]:
+    """The lambda_function module's inputs (`package`: the image's or the zip's) and the tags."""
+    found = {r.kind: r for r in listed if r.kind != "sqs-queue"} | {"sqs-queue": _named(listed, names.queue)}
+    function, settings = found["lambda-function"].settings, spec.targets.aws_lambda
+    inputs: list[tuple[str, Any]] = [
+        ("function_name", names.function), *package,
+        ("architecture", function["architecture"]), ("memory_mb", function["memory_mb"]),
+        ("timeout_seconds", function["timeout_seconds"]), ("ephemeral_storage_mb", function["ephemeral_storage_mb"]),
+        ("reserved_concurrency", function["reserved_concurrency"]),
+        ("provisioned_concurrency", settings.provisioned_concurrency),
+        ("url_auth", found["lambda-url"].settings["auth_type"]),
+        ("batch_size", found["event-source"].settings["batch_size"]),
+        ("batch_window_seconds", found["event-source"].settings["batch_window_seconds"]),
+        ("max_concurrency", found["event-source"].settings["max_concurrency"]),
+        ("max_receive_count", found["sqs-queue"].settings["redrive"]["maxReceiveCount"]),
+        ("log_retention_days", found["log-group"].settings["retention_days"]),
+        ("bucket_arn", Expr("module.bucket.bucket_arn")), ("tags", Expr("local.tags")),
+        ("environment", {k: _account(v) for k, v in function["environment"].items()}),
+    ]  # fmt: skip
+    return inputs, function["tags"]
 
 
 def _sagemaker_blocks(spec: FunctionSpec, context: AwsContext, out: Path, progress: StepProgress) -> list[str]:

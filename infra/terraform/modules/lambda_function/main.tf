@@ -1,6 +1,7 @@
-# The aws-lambda target: function from the ECR image, `live` alias, streaming function URL, SQS queue with a
-# dead-letter queue and the trigger reporting partial batch failures, log group, least-privilege role.
-# The same resources and settings as packager/targets/aws/lambda_function.py.
+# The aws-lambda target: function from the ECR image, or (package_type = "Zip") from the zip in the function's
+# bucket with SnapStart on published versions; `live` alias on the newest version, streaming function URL, SQS
+# queue with a dead-letter queue and the trigger reporting partial batch failures, log group, least-privilege
+# role. The same resources and settings as packager/targets/aws/lambda_function.py.
 
 terraform {
   required_version = ">= 1.5"
@@ -21,6 +22,11 @@ locals {
   region     = data.aws_region.current.name
   account    = data.aws_caller_identity.current.account_id
   queue_arn  = "${local.arn_prefix}:sqs:${local.region}:${local.account}:${var.function_name}-requests"
+  zip        = var.package_type == "Zip"
+  # A zip package's handler fetches its bundle from the bucket in the init phase.
+  bundle_statements = local.zip ? [{
+    Sid = "Bundle", Effect = "Allow", Action = ["s3:GetObject"], Resource = "${var.bucket_arn}/bundles/*"
+  }] : []
 }
 
 resource "aws_cloudwatch_log_group" "this" {
@@ -66,7 +72,7 @@ resource "aws_iam_role_policy" "this" {
   role = aws_iam_role.this.id
   policy = jsonencode({
     Version = "2012-10-17"
-    Statement = [
+    Statement = concat([
       {
         Sid      = "Logs", Effect = "Allow", Action = ["logs:CreateLogStream", "logs:PutLogEvents"]
         Resource = "${aws_cloudwatch_log_group.this.arn}:*"
@@ -88,7 +94,7 @@ resource "aws_iam_role_policy" "this" {
         Sid       = "ResultsListing", Effect = "Allow", Action = ["s3:ListBucket"], Resource = var.bucket_arn
         Condition = { StringLike = { "s3:prefix" = ["results/*", "ledger/*"] } }
       },
-    ]
+    ], local.bundle_statements)
   })
 }
 
@@ -97,12 +103,17 @@ resource "aws_lambda_function" "this" {
   #checkov:skip=CKV_AWS_116:Invoked synchronously (URL) and by SQS, whose dead-letter queue is the redrive policy.
   #checkov:skip=CKV_AWS_117:Reaches only AWS APIs; a VPC would add NAT cost and cold-start time.
   #checkov:skip=CKV_AWS_173:The environment holds runtime flags, no secrets; Lambda encrypts it at rest.
-  #checkov:skip=CKV_AWS_272:Code signing applies to zip packages; this is an image pulled by digest.
+  #checkov:skip=CKV_AWS_272:The image is pulled by digest; a zip is content-addressed and pinned by source_code_hash.
   #checkov:skip=CKV_AWS_115:Reserved concurrency is the spec's reserved_concurrency (unset: the account pool).
   function_name                  = var.function_name
   role                           = aws_iam_role.this.arn
-  package_type                   = "Image"
-  image_uri                      = var.image_uri
+  package_type                   = var.package_type
+  image_uri                      = local.zip ? null : var.image_uri
+  s3_bucket                      = local.zip ? var.code_bucket : null
+  s3_key                         = local.zip ? var.code_key : null
+  source_code_hash               = local.zip ? var.code_hash : null
+  runtime                        = local.zip ? var.runtime : null
+  handler                        = local.zip ? var.handler : null
   architectures                  = [var.architecture]
   memory_size                    = var.memory_mb
   timeout                        = var.timeout_seconds
@@ -118,8 +129,19 @@ resource "aws_lambda_function" "this" {
     variables = var.environment
   }
 
-  image_config {
-    command = ["lambda"]
+  dynamic "image_config" {
+    for_each = local.zip ? [] : [["lambda"]]
+    content {
+      command = image_config.value
+    }
+  }
+
+  # SnapStart: each published version's init phase runs once and cold starts resume from its snapshot.
+  dynamic "snap_start" {
+    for_each = var.snapstart ? ["PublishedVersions"] : []
+    content {
+      apply_on = snap_start.value
+    }
   }
 
   depends_on = [aws_cloudwatch_log_group.this, aws_iam_role_policy.this]

@@ -3,9 +3,52 @@ variable "function_name" {
   type        = string
 }
 
+variable "package_type" {
+  description = "Image (the container image, bundle inside) or Zip (code from the bucket, bundle fetched at init)."
+  type        = string
+  default     = "Image"
+}
+
 variable "image_uri" {
   description = "REPOSITORY_URL@sha256:DIGEST of the platform manifest (Lambda does not take image indexes)."
   type        = string
+  default     = null
+}
+
+variable "code_bucket" {
+  description = "Zip package: the bucket holding code/SHA256.zip (the function's own bucket)."
+  type        = string
+  default     = null
+}
+
+variable "code_key" {
+  description = "Zip package: code/SHA256.zip."
+  type        = string
+  default     = null
+}
+
+variable "code_hash" {
+  description = "Zip package: base64 SHA-256 of the zip (Lambda's CodeSha256)."
+  type        = string
+  default     = null
+}
+
+variable "runtime" {
+  description = "Zip package: the managed runtime."
+  type        = string
+  default     = "python3.12"
+}
+
+variable "handler" {
+  description = "Zip package: the handler awslambdaric imports."
+  type        = string
+  default     = "runtime.aws_lambda.handler.handler"
+}
+
+variable "snapstart" {
+  description = "SnapStart on published versions (zip packages only; no provisioned concurrency, /tmp <= 512 MB)."
+  type        = bool
+  default     = false
 }
 
 variable "architecture" {
