@@ -164,7 +164,7 @@ def _model(body: bytes, content_type: str | None) -> str:
             "the request has no `model`: the gateway routes by it; give a deployed function's name "
             "(GET /v1/models lists them)",
             param="model",
-            code="missing_model",
+            code="missing_required_parameter",  # the runtime's code for it
         )
     return model
 

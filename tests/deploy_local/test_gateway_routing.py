@@ -164,6 +164,7 @@ def test_client_mistakes_are_openai_shaped_4xx(served: tuple[str, Path]) -> None
     assert httpx.get(f"{url}/v1/models", headers=bearer("nope")).status_code == 200  # `open` needs no key
     no_model = post({"messages": []})
     assert no_model.status_code == 400 and no_model.json()["error"]["param"] == "model"
+    assert no_model.json()["error"]["code"] == "missing_required_parameter"
     broken = post(b"{not json")
     assert broken.status_code == 400 and broken.json()["error"]["code"] == "invalid_json"
     bad_msgpack = post(b"\xc1", **{"content-type": "application/msgpack", "accept": "application/msgpack"})

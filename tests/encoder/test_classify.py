@@ -45,10 +45,12 @@ def deployed(classifier_build: ClassifierBuild) -> Iterator[Deployed]:
     function = f"functions/{CLASSIFY_FUNCTION}"
     result = pkg("deploy", function, "--target", "local", cwd=classifier_build.root, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
-    url = re.search(r"http://127\.0\.0\.1:\d+", result.stdout)
+    # The server's own port (the deploy's `server` row): the tests read its /openapi.json, which the gateway
+    # in front of every function (the `url` row) does not serve.
+    url = re.search(r"server\s*│\s*(http://127\.0\.0\.1:\d+)", result.stdout)
     assert url is not None, result.stdout
     try:
-        yield Deployed(url.group(0), {"Authorization": f"Bearer {KEY}"}, classifier_build)
+        yield Deployed(url.group(1), {"Authorization": f"Bearer {KEY}"}, classifier_build)
     finally:
         pkg("destroy", function, "--target", "local", cwd=classifier_build.root, env=env)
 
