@@ -123,6 +123,7 @@ def _jobs(args: argparse.Namespace, bundle: Path, scratch: Path) -> dict[str, Jo
     jobs = {name: server_job(v, s) for name, (v, s) in variants.items()}
     snapshot = ServerVariant("criu", prompt)
     jobs["onnxfn, process snapshot (local)"] = _process_snapshot_job(args, bundle, snapshot, probe, scratch / "criu")
+    jobs.update(_snapstart_job(args, bundle, probe, scratch / "snapstart"))
     if not args.no_peers:
         jobs.update(_peer_jobs(args, bundle, probe))
     return jobs
@@ -139,6 +140,20 @@ def _process_snapshot_job(args: argparse.Namespace, bundle: Path, variant: Any, 
     except SnapshotUnavailable as exc:
         return _missing(f"not measured: {exc}")
     return lambda: asdict(runs())
+
+
+def _snapstart_job(args: argparse.Namespace, bundle: Path, probe: Any, work: Path) -> dict[str, Job]:
+    """The aws-lambda zip package's SnapStart cycle emulated with CRIU (packager/bench/snapstart.py)."""
+    from packager.bench.snapstart import ROW, SnapStartRuns
+    from packager.targets.local.process_snapshot import SnapshotUnavailable
+
+    work.mkdir(parents=True, exist_ok=True)
+    flags = ("--system-prompt", args.system_prompt) if args.system_prompt else ()
+    try:
+        runs = SnapStartRuns(sys.executable, bundle, flags, probe, args.threads, work)
+    except SnapshotUnavailable as exc:
+        return {ROW: _missing(f"not measured: {exc}")}
+    return {ROW: runs}
 
 
 def _peer_jobs(args: argparse.Namespace, bundle: Path, probe: Any) -> dict[str, Job]:
@@ -258,6 +273,11 @@ def _render_series(series: str, data: dict[str, Any], floor: float) -> None:
             f"{total['median'] / floor:.1f}" if total else "-",
         )
     console.print(table)
+    from packager.bench.snapstart import ROW, summary_line
+
+    restore = summary_line(data.get(ROW, {}))
+    if restore:
+        console.print(restore)
     phases = Table(title=f"phases, page cache {series.split('_')[0]} (median / p90, ms; spans on threads overlap)")
     phases.add_column("phase")
     for name in data:
