@@ -246,6 +246,7 @@ class Terminal:
     def __init__(self, args: list[str], timeout: float = 30.0) -> None:
         self.timeout = timeout
         self.output = b""
+        self.matched = 0  # where the last `read_until` match ended
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: pkg, its session led by it, this terminal its own
             os.chdir(REPO)
@@ -255,7 +256,8 @@ class Terminal:
         os.write(self.fd, data)
 
     def read_until(self, wanted: bytes) -> None:
-        start = len(self.output)
+        """Wait for `wanted` after what the previous call matched (one read may hold a reply and the next prompt)."""
+        start = self.matched
         deadline = time.monotonic() + self.timeout
         while wanted not in self.output[start:]:
             assert time.monotonic() < deadline, f"no {wanted!r} in {self.output[start:]!r}"
@@ -264,6 +266,7 @@ class Terminal:
                     self.output += os.read(self.fd, 4096)
                 except OSError:  # the terminal closed: pkg is gone
                     pytest.fail(f"pkg ended before {wanted!r}: {self.output[start:]!r}")
+        self.matched = self.output.index(wanted, start) + len(wanted)
 
     def exit_code(self) -> int:
         deadline = time.monotonic() + self.timeout
