@@ -35,9 +35,8 @@ from packager.bench.machine import wait_until_quiet
 from packager.bench.models import BenchModel
 from packager.bench.prompts import PromptFactory
 from packager.bench.sections import WARMUP_ROUNDS, Plan
-from packager.bench.serving import free_port, run_streams
 from packager.bench.stats import median, median_interval, percentile
-from packager.targets.local.server_process import rss_bytes
+from packager.targets.local.server_process import free_port, rss_bytes
 
 NAMES = {"snapshot": (True, 1), "fresh": (False, 1), "steady": (False, 0)}  # process_snapshot, idle_timeout
 STREAMS = 8
@@ -53,7 +52,7 @@ class Deployments:
         self.scratch = scratch
         self.state = scratch / "xdg" / "onnxfn"
         self.env = {
-            **os.environ, "XDG_STATE_HOME": str(scratch / "xdg"), "ONNXFN_GATEWAY_PORT": str(free_port()),
+            **os.environ, "XDG_STATE_HOME": str(scratch / "xdg"), "ONNXFN_GATEWAY_PORT": str(free_port("127.0.0.1")),
             "COLUMNS": "250",
         }  # fmt: skip
         source = (model.spec.directory / "function.toml").read_text()
@@ -111,6 +110,8 @@ def _spec(source: str, name: str, snapshot: bool, idle: int) -> str:
 
 
 def _first_token(url: str, name: str, text: str) -> float:
+    from packager.bench.serving import run_streams  # aiohttp, a bench peer: the report imports this module too
+
     body = {"model": name, "ignore_eos": True, "stream_options": {"include_usage": True}}
     (stream,) = asyncio.run(run_streams(url, [text], 2, body))
     return stream.first
@@ -161,6 +162,8 @@ def _summary(samples: list[float]) -> dict[str, Any]:
 
 
 def _hop(functions: Deployments, gateway_url: str, prompts: PromptFactory, plan: Plan) -> dict[str, Any]:
+    from packager.bench.serving import run_streams  # aiohttp, a bench peer: the report imports this module too
+
     server = functions.record("steady")
     routes = {"direct": server["url"], "gateway": gateway_url}
     pids = {"gateway": int(functions.gateway()["pid"]), "server": int(server["pid"])}
