@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -177,19 +177,24 @@ def _scrub_os(tree: Path) -> None:
 
 def _build_deps(platform: Platform, requirements: list[str], tree: Path, report: Report) -> None:
     report(f"pip install --target for {platform.oci} ({len(requirements)} wheels)")
+    install_wheels(tree, requirements, python=IMAGE_PYTHON, wheel_tags=platform.wheel_tags, where=platform.oci)
+    compile_tree(tree, PYTHON_DIR)
+
+
+def install_wheels(tree: Path, requirements: list[str], *, python: str, wheel_tags: Sequence[str], where: str) -> None:
+    """`pip install --target tree` of `requirements` as wheels for another machine (CPython `python`, the
+    platform tags `wheel_tags`), without their dependencies (`requirements` is the whole closure), then
+    `DEPS_PRUNE` removed. Shared by the image's dependency layer and the Lambda zip."""
     command = [
         sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-        "--no-compile", "--only-binary=:all:", "--target", str(tree), "--python-version", IMAGE_PYTHON,
-        "--implementation", "cp", "--abi", f"cp{IMAGE_PYTHON.replace('.', '')}",
-        *(arg for tag in platform.wheel_tags for arg in ("--platform", tag)), *requirements,
+        "--no-compile", "--only-binary=:all:", "--target", str(tree), "--python-version", python,
+        "--implementation", "cp", "--abi", f"cp{python.replace('.', '')}",
+        *(arg for tag in wheel_tags for arg in ("--platform", tag)), *requirements,
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
-        raise UserError(
-            f"pip could not install the runtime's wheels for {platform.oci}:\n{result.stderr.strip()[-2000:]}"
-        )
+        raise UserError(f"pip could not install the runtime's wheels for {where}:\n{result.stderr.strip()[-2000:]}")
     _prune(tree, DEPS_PRUNE)
-    compile_tree(tree, PYTHON_DIR)
 
 
 def compile_tree(tree: Path, image_dir: str) -> None:

@@ -17,8 +17,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -26,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 
 from packager.errors import UserError
-from packager.image.base import DEPS_PRUNE
+from packager.image.base import install_wheels
 
 LAMBDA_PYTHON = "3.12"  # the managed runtime: SnapStart for Python starts at python3.12
 HANDLER = "runtime.aws_lambda.handler.handler"
@@ -109,24 +107,8 @@ def build_zip(out_dir: Path, architecture: str, python: str = LAMBDA_PYTHON) -> 
 
 
 def _install(tree: Path, requirements: list[str], architecture: str, python: str) -> None:
-    command = [
-        sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-        "--no-compile", "--only-binary=:all:", "--target", str(tree), "--python-version", python,
-        "--implementation", "cp", "--abi", f"cp{python.replace('.', '')}",
-        *(arg for tag in ZIP_WHEEL_TAGS[architecture] for arg in ("--platform", tag)), *requirements,
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise UserError(
-            f"pip could not install the runtime's wheels for Lambda python{python} {architecture}:\n"
-            f"{result.stderr.strip()[-2000:]}"
-        )
-    for pattern in DEPS_PRUNE:
-        for found in sorted(tree.glob(pattern), reverse=True):
-            if found.is_dir() and not found.is_symlink():
-                shutil.rmtree(found)
-            else:
-                found.unlink()
+    where = f"Lambda python{python} {architecture}"
+    install_wheels(tree, requirements, python=python, wheel_tags=ZIP_WHEEL_TAGS[architecture], where=where)
 
 
 def _write_zip(tree: Path, out: Path) -> int:
