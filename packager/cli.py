@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from importlib import import_module
@@ -82,6 +84,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
         return 130
+    except BrokenPipeError:
+        # The reader went away (`pkg ps --json | head`): no traceback, and none again when Python flushes stdout
+        # at exit (the recipe of Python's signal docs); the status a program killed by SIGPIPE would have.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":
