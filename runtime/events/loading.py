@@ -47,7 +47,9 @@ def aws_client(service: str, args: argparse.Namespace, *, pool: int = 32) -> Any
     from botocore.config import Config
 
     config = Config(max_pool_connections=pool, retries={"mode": "standard", "max_attempts": 5})
-    return boto3.client(service, endpoint_url=args.endpoint_url, region_name=args.region, config=config)
+    # boto3 reads only $AWS_DEFAULT_REGION; $AWS_REGION (what Lambda and the AWS CLI v2 set) comes first, as there.
+    region = args.region or os.environ.get("AWS_REGION") or None
+    return boto3.client(service, endpoint_url=args.endpoint_url, region_name=region, config=config)
 
 
 def result_store(args: argparse.Namespace) -> ResultStore:

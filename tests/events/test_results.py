@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
+import pytest
+
 from runtime.api.errors import APIError
+from runtime.events.loading import aws_client
 from runtime.events.results import Ledger, ResultStore
 from runtime.events.schema import QueueMessage, Reply, Result, S3Target, SQSTarget
 from tests.events.conftest import Queues, make_queues
@@ -74,3 +78,14 @@ def test_ledger_uris() -> None:
     assert Ledger.from_uri("s3://b") == Ledger("b", "")
     assert Ledger.from_uri("s3://b/x/y/") == Ledger("b", "x/y/")
     assert Ledger.from_uri("s3://b/x").result_key("r") == S3Target("b", "x/results/r")
+
+
+def test_the_queue_clients_take_aws_region_before_aws_default_region(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    args = argparse.Namespace(endpoint_url="http://127.0.0.1:9", region=None)
+    assert aws_client("sqs", args).meta.region_name == "eu-west-3"
+    chosen = argparse.Namespace(endpoint_url=None, region="ap-south-1")
+    assert aws_client("sqs", chosen).meta.region_name == "ap-south-1"
+    monkeypatch.delenv("AWS_REGION")
+    assert aws_client("s3", args).meta.region_name == "us-east-1"
