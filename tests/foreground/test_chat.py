@@ -249,6 +249,9 @@ class Terminal:
         self.matched = 0  # where the last `read_until` match ended
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: pkg, its session led by it, this terminal its own
+            # As a terminal's shell starts it: a suite started in the background (`cmd &`) ignores SIGINT, and
+            # an ignored signal stays ignored across exec, so Python would never raise KeyboardInterrupt.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.chdir(REPO)
             os.execve(sys.executable, [sys.executable, "-m", "packager.cli", *args], {**os.environ, "COLUMNS": "200"})
 

@@ -75,10 +75,17 @@ def live_server(
     port = free_port()
     command = [sys.executable, "-m", "runtime", "serve", str(bundle), "--port", str(port), "--api-key-env", KEY_ENV]
     env = {**os.environ, KEY_ENV: key, "PYTHONUNBUFFERED": "1"}
+
+    def in_child() -> None:
+        # SIGINT as a terminal's shell leaves it: a suite started in the background (`cmd &`) ignores it, and an
+        # ignored signal stays ignored across exec (Python then never turns it into KeyboardInterrupt).
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if max_fds is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max_fds, max_fds))
+
     with log.open("wb") as out:
-        limit = None if max_fds is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (max_fds, max_fds))
         process = subprocess.Popen(
-            [*command, *flags], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, preexec_fn=limit
+            [*command, *flags], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, preexec_fn=in_child
         )
     url = f"http://127.0.0.1:{port}"
     try:
