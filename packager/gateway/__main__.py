@@ -22,15 +22,22 @@ def main() -> None:
     from packager.gateway.app import create_app
     from packager.gateway.functions import Registry
     from packager.paths import state_root
+    from runtime.http.connection_limits import ConnectionLimits
+    from runtime.http.connections import guarded_protocol
 
-    # httptools and asyncio's loop, as the runtime's server (runtime/http/serve.py says why); no access log:
-    # the functions' servers keep their own, and the gateway logs what it decides (wakes, idle stops).
+    # The runtime server's connection guards (431 past 64 KiB of head, 408 for a slow head or body, a cap on
+    # open connections below `ulimit -n`): the gateway faces the same clients. httptools and asyncio's loop, as
+    # there (runtime/http/serve.py says why); no access log: the functions' servers keep their own, and the
+    # gateway logs what it decides (wakes, idle stops).
+    limits = ConnectionLimits.for_process(ConnectionLimits().max_connections)
     uvicorn.run(
         create_app(Registry(state_root())),
         host=args.host,
         port=args.port,
         loop="asyncio",
-        http="httptools",
+        http=guarded_protocol(limits),
+        backlog=limits.backlog,
+        timeout_keep_alive=limits.keep_alive_timeout,
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=5,

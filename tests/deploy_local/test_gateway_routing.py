@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -206,3 +207,27 @@ def test_two_starts_at_once_leave_one_gateway(tmp_path: Path) -> None:
         pkg("gateway", "stop")
     gone = pkg("gateway", "status")
     assert gone.returncode == 1 and "no gateway runs" in gone.stdout
+
+
+def test_the_gateway_process_refuses_an_endless_header_as_the_server_does(tmp_path: Path) -> None:
+    """The runtime's connection guards run in the gateway too: 431 after 64 KiB of head, not 300 MB read."""
+    port = free_port("127.0.0.1")
+    env = {"XDG_STATE_HOME": str(tmp_path), "ONNXFN_GATEWAY_PORT": str(port), "PATH": "/usr/bin:/bin"}
+    start = [sys.executable, "-c", "from packager.gateway import control; print(control.ensure().pid)"]
+    subprocess.run(start, env=env, check=True, capture_output=True, timeout=60)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Long: ")
+            sent = 0
+            try:
+                while sent < 300 << 20:
+                    sock.sendall(b"a" * (1 << 20))
+                    sent += 1 << 20
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused at the limit; its answer is already in our receive buffer
+            reply = sock.recv(4096)
+        assert sent < 16 << 20, sent
+        assert reply.startswith(b"HTTP/1.1 431"), reply[:200]
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+    finally:
+        subprocess.run([sys.executable, "-m", "packager.cli", "gateway", "stop"], env=env, capture_output=True)
