@@ -72,7 +72,7 @@ def fetch_bundle(uri: str, digest: str, *, s3: Any = None, cache: Path | None = 
             body = s3.get_object(Bucket=bucket, Key=prefix + name)["Body"]
             h, size = hashlib.sha256(), 0
             with target.open("wb") as out:
-                while chunk := body.read(_CHUNK):
+                while size <= entry.size and (chunk := body.read(_CHUNK)):  # a longer object stops one chunk past
                     h.update(chunk)
                     out.write(chunk)
                     size += len(chunk)

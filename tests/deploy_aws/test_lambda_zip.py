@@ -101,6 +101,16 @@ def test_zip_snapstart_deploy_update_destroy(
     assert sorted(p.name for p in fetched.iterdir()) == sorted(p.name for p in bundle.iterdir())
     with pytest.raises(BundleError, match="has digest"):
         fetch_bundle(environment["ONNXFN_BUNDLE_S3"], "sha256:" + "0" * 64, s3=s3, cache=tmp_path / "other")
+    # An object swapped for a longer one is refused after one chunk past its listed size, and nothing stays.
+    uri = environment["ONNXFN_BUNDLE_S3"]
+    key = uri.removeprefix(f"s3://{bucket}/") + read_manifest(bundle).tokenizer_file
+    original = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    s3.put_object(Bucket=bucket, Key=key, Body=original + b"x" * (64 << 20))
+    with pytest.raises(BundleError, match="does not match the manifest: [0-9]+ bytes") as refused:
+        fetch_bundle(uri, digest, s3=s3, cache=tmp_path / "tampered")
+    assert int(str(refused.value).split(": ")[1].split()[0]) < len(original) + (16 << 20)
+    assert list((tmp_path / "tampered").iterdir()) == []
+    s3.put_object(Bucket=bucket, Key=key, Body=original)
 
     # The role may read its bundle and nothing else new.
     document = iam.get_role_policy(RoleName=f"onnxfn-{name}-lambda", PolicyName="onnxfn")["PolicyDocument"]
