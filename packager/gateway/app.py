@@ -34,7 +34,7 @@ from packager.gateway.relay import Disconnected, Receive, Scope, Send, read_body
 from runtime.api.encoding import decode_body
 from runtime.api.errors import APIError
 from runtime.http.auth import BearerAuth
-from runtime.http.wire import WireFormat
+from runtime.http.wire import WireFormat, http_error_handler
 
 
 class Gateway:
@@ -142,7 +142,9 @@ def create_app(registry: Registry) -> Any:
             *page_routes(registry),
         ],
         lifespan=lifespan,
-        exception_handlers={HTTPException: _http_error},
+        exception_handlers={
+            HTTPException: http_error_handler(where=" on the gateway", see="GET /v1/models, POST /v1/..."),
+        },
     )
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -167,15 +169,3 @@ def _model(body: bytes, content_type: str | None) -> str:
             code="missing_required_parameter",  # the runtime's code for it
         )
     return model
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    wire = WireFormat.for_accept(request.headers.get("accept"))
-    if exc.status_code == 404:
-        message = f"no route {request.method} {request.url.path} on the gateway; see GET /v1/models, POST /v1/..."
-    elif exc.status_code == 405:
-        message = f"{request.method} is not allowed on {request.url.path}"
-    else:
-        message = str(exc.detail)
-    return wire.error_response(APIError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None))

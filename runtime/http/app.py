@@ -24,7 +24,7 @@ from runtime.http.endpoints import CLIENT_CLOSED, Handler, task_routes
 from runtime.http.openapi import document
 from runtime.http.openapi_routes import core_pieces
 from runtime.http.state import ServerSettings, ServerState, log
-from runtime.http.wire import WireFormat
+from runtime.http.wire import WireFormat, http_error_handler
 
 if TYPE_CHECKING:
     from runtime.engine.engine import Engine
@@ -115,7 +115,10 @@ def create_app(
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+        exception_handlers={
+            HTTPException: http_error_handler(where="", see="/v1/models, /v1/chat/completions"),
+            Exception: _internal_error,
+        },
     )
     app.state.server = state
     return app
@@ -159,19 +162,6 @@ async def _get_model(state: ServerState, request: Request, wire: WireFormat) -> 
     if model_id != state.policy.model_name:
         raise APIError(404, f"The model {model_id!r} does not exist", param="model", code="model_not_found")
     return wire.response(_model_card(state))
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    wire = WireFormat.for_accept(request.headers.get("accept"))
-    if exc.status_code == 404:
-        message = f"no route {request.method} {request.url.path}; see /v1/models, /v1/chat/completions"
-    elif exc.status_code == 405:
-        message = f"{request.method} is not allowed on {request.url.path}"
-    else:
-        message = str(exc.detail)
-    code = "not_found" if exc.status_code == 404 else None
-    return wire.error_response(APIError(exc.status_code, message, code=code, headers=exc.headers))
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

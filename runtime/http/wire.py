@@ -5,11 +5,13 @@ The framings are described in `runtime.api.encoding`, which decodes bodies for e
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import Response
 
 from runtime.api.encoding import EVENT_STREAM_TYPE, JSON_TYPE, MSGPACK_TYPE, SSE_DONE, dump_json, is_msgpack
@@ -49,3 +51,22 @@ class WireFormat:
 
     def end_of_stream(self) -> bytes:
         return b"" if self.msgpack else SSE_DONE
+
+
+def http_error_handler(*, where: str, see: str) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """starlette's own HTTP errors (no such route, a method not allowed) as OpenAI error bodies in the request's
+    wire format; a 404 says where it was (`where`) and what to use instead (`see`)."""
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        wire = WireFormat.for_accept(request.headers.get("accept"))
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}{where}; see {see}"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        code = "not_found" if exc.status_code == 404 else None
+        return wire.error_response(APIError(exc.status_code, message, code=code, headers=exc.headers))
+
+    return handle
