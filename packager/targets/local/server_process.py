@@ -179,9 +179,12 @@ def alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    stat = Path(f"/proc/{pid}/stat")
-    # A zombie (exited, parent has not reaped it yet) still answers signal 0.
-    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+    # A zombie (exited, parent has not reaped it yet) still answers signal 0; one reaped since is simply gone.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
 
 
 def free_port(host: str) -> int:
