@@ -189,13 +189,23 @@ class _Traffic:
         self.failures: list[str] = []
         self.fingerprints: set[str] = set()
         self.max_gap = 0.0
+        self._asked = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> None:
+        """Start, and return once one answer came back: the swap must land while traffic is already flowing."""
         self._thread.start()
+        deadline = time.monotonic() + 60
+        while self.ok == 0 and not self.failures and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def stop(self) -> None:
+        """Stop after one more answer, so the last one was asked after the swap finished."""
+        answered_by_then = self._asked + 1  # the one in flight now may predate the swap; the next one does not
+        deadline = time.monotonic() + 60
+        while self.ok + len(self.failures) <= answered_by_then and time.monotonic() < deadline:
+            time.sleep(0.01)
         self._stop.set()
         self._thread.join()
 
@@ -204,6 +214,7 @@ class _Traffic:
         with httpx.Client(base_url=self.device.url, timeout=60) as http:
             while not self._stop.is_set():
                 body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+                self._asked += 1
                 response = http.post("/v1/chat/completions", json=body)
                 now = time.perf_counter()
                 if response.status_code == 200:
