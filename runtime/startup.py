@@ -103,6 +103,20 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="prompt-lookup speculative decoding for greedy requests decoding alone (default: the engine's, off)",
     )
     engine.add_argument(
+        "--max-adapters",
+        type=int,
+        metavar="N",
+        help="LoRA adapters resident at once, for a bundle whose graph takes them (default: the engine's, 4); "
+        "loading one more evicts the least recently used idle one",
+    )
+    engine.add_argument(
+        "--adapter-dir",
+        type=Path,
+        metavar="DIR",
+        help="where adapters added while serving (PUT /v1/adapters/NAME, `pkg adapter add`) are kept, and read "
+        "from at start (default: none; adapters cannot be added)",
+    )
+    engine.add_argument(
         "--no-verify", action="store_true", help="never hash the bundle's files (default: once, then a stat check)"
     )
     engine.add_argument("--no-snapshot", action="store_true", help="ignore the bundle's cold-start snapshot")
@@ -164,6 +178,10 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         overrides["allow_spinning"] = args.spin
     if args.prepacked is not None:
         overrides["prepacked"] = args.prepacked
+    if args.max_adapters is not None:
+        overrides["max_adapters"] = args.max_adapters
+    if args.adapter_dir is not None:
+        overrides["adapter_dir"] = args.adapter_dir
     if args.providers:
         overrides["providers"] = tuple(p.strip() for p in args.providers.split(",") if p.strip())
     return EngineConfig(**overrides)

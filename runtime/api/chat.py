@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from runtime.api.errors import from_engine_error
+from runtime.api.errors import from_engine_error, unknown_adapter
 from runtime.api.formatting import ResponseMeta, chat_logprob, check_prompt_length
 from runtime.api.generation import Generation
-from runtime.api.protocol import ChatRequest
+from runtime.api.protocol import ChatRequest, check_adapter
 from runtime.api.service import ModelService
 from runtime.api.tools import ToolCall, ToolCallParser, split_output
-from runtime.engine.request import GenerationRequest, InvalidRequestError, SequenceOutput
+from runtime.engine.request import GenerationRequest, InvalidRequestError, SequenceOutput, UnknownAdapterError
 
 
 def submit_chat(state: ModelService, parsed: ChatRequest) -> tuple[Generation, ResponseMeta]:
@@ -23,17 +23,21 @@ def submit_chat(state: ModelService, parsed: ChatRequest) -> tuple[Generation, R
     if parsed.grammar_source is not None:
         raise RuntimeError("the request's grammar is not compiled yet: await resolve_grammar(state, parsed) first")
     engine = state.require_engine()
+    check_adapter(engine.adapters, state.policy, parsed.adapter)
     try:
         text = engine.tokenizer.apply_chat_template(list(parsed.messages), add_generation_prompt=True)
     except InvalidRequestError as exc:
         raise from_engine_error(exc) from exc
     prompt = engine.tokenizer.encode(text)
     check_prompt_length(len(prompt), state.policy.max_prompt_tokens, "messages")
-    meta = ResponseMeta.new("chatcmpl", state.policy.model_name, state.settings.fingerprint)
-    request_for_engine = GenerationRequest(meta.id, tuple(prompt), parsed.sampling)
-    generation = Generation(
-        engine, [request_for_engine], state.metrics.timer(), prompt_param="messages", grammar=parsed.grammar
-    )
+    meta = ResponseMeta.new("chatcmpl", parsed.model, state.settings.fingerprint)
+    request_for_engine = GenerationRequest(meta.id, tuple(prompt), parsed.sampling, adapter=parsed.adapter)
+    try:
+        generation = Generation(
+            engine, [request_for_engine], state.metrics.timer(), prompt_param="messages", grammar=parsed.grammar
+        )
+    except UnknownAdapterError as exc:  # removed since `check_adapter`
+        raise unknown_adapter(state.policy.model_name, parsed.adapter or "", exc.available) from exc
     return generation, meta
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from runtime.api.errors import unknown_adapter
 from runtime.api.formatting import ResponseMeta, check_prompt_length, finite_logprob
 from runtime.api.generation import Generation
-from runtime.api.protocol import CompletionRequest
+from runtime.api.protocol import CompletionRequest, check_adapter
 from runtime.api.service import ModelService
-from runtime.engine.request import GenerationRequest, TokenLogprob
+from runtime.engine.request import GenerationRequest, TokenLogprob, UnknownAdapterError
 
 
 def submit_completion(state: ModelService, parsed: CompletionRequest) -> tuple[Generation, ResponseMeta, list[str]]:
@@ -21,6 +22,7 @@ def submit_completion(state: ModelService, parsed: CompletionRequest) -> tuple[G
     Shared by HTTP and the queue frontends.
     """
     engine = state.require_engine()
+    check_adapter(engine.adapters, state.policy, parsed.adapter)
     token_prompts = [engine.tokenizer.encode_prompt(p) if isinstance(p, str) else list(p) for p in parsed.prompts]
     for ids in token_prompts:
         check_prompt_length(len(ids), state.policy.max_prompt_tokens, "prompt")
@@ -28,9 +30,15 @@ def submit_completion(state: ModelService, parsed: CompletionRequest) -> tuple[G
         (p if isinstance(p, str) else engine.tokenizer.decode(p, skip_special_tokens=False)) if parsed.echo else ""
         for p in parsed.prompts
     ]
-    meta = ResponseMeta.new("cmpl", state.policy.model_name, state.settings.fingerprint)
-    requests = [GenerationRequest(f"{meta.id}-{i}", tuple(ids), parsed.sampling) for i, ids in enumerate(token_prompts)]
-    generation = Generation(engine, requests, state.metrics.timer(), prompt_param="prompt")
+    meta = ResponseMeta.new("cmpl", parsed.model, state.settings.fingerprint)
+    requests = [
+        GenerationRequest(f"{meta.id}-{i}", tuple(ids), parsed.sampling, adapter=parsed.adapter)
+        for i, ids in enumerate(token_prompts)
+    ]
+    try:
+        generation = Generation(engine, requests, state.metrics.timer(), prompt_param="prompt")
+    except UnknownAdapterError as exc:  # removed since `check_adapter` (earlier prompts run to their end unread)
+        raise unknown_adapter(state.policy.model_name, parsed.adapter or "", exc.available) from exc
     return generation, meta, echoes
 
 

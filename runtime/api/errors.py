@@ -56,5 +56,21 @@ def from_engine_error(exc: InvalidRequestError | EngineOverloadedError) -> APIEr
     return APIError(400, str(exc), param=exc.param, code=exc.code)
 
 
+def unknown_adapter(function: str, adapter: str, available: tuple[str, ...] | None) -> APIError:
+    """OpenAI's 404 for `model: "FUNCTION:ADAPTER"` naming an adapter this server lacks; `available`: the adapter
+    names it has (None: the bundle's graph takes no adapters at all)."""
+    model = f"{function}:{adapter}"
+    if available is None:
+        why = (
+            f"{function!r} takes no adapters; declare [[adapters]] (or [export] adapter_modules) in function.toml "
+            "and rebuild"
+        )
+    elif available:
+        why = f"this server serves {function!r} and the adapters {', '.join(f'{function}:{a}' for a in available)}"
+    else:
+        why = f"this server serves {function!r} and no adapters yet"
+    return APIError(404, f"The model {model!r} does not exist; {why}", param="model", code="model_not_found")
+
+
 def unavailable(message: str) -> APIError:
     return APIError(503, message, error_type="service_unavailable", code="not_ready")

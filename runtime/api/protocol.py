@@ -22,13 +22,14 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from runtime.api.errors import APIError, invalid_param
+from runtime.api.errors import APIError, invalid_param, unknown_adapter
 from runtime.api.fields import BodyReader, show
 from runtime.api.structured_output import GUIDED, GrammarSource, no_grammar, structured_output
 from runtime.api.tools import ToolRequest, history_message, parse_tools, tool_grammar, with_tools_prompt
 from runtime.engine.request import SamplingParams
 
 if TYPE_CHECKING:
+    from runtime.engine.adapters import EngineAdapters
     from runtime.engine.grammar_cache import CompiledGrammar
 
 _IGNORED = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key")
@@ -107,6 +108,8 @@ class ChatRequest:
     sampling: SamplingParams
     stream: bool
     include_usage: bool
+    model: str  # what the client sent, echoed in the responses' `model`
+    adapter: str | None = None  # the LoRA adapter `model` names (`FUNCTION:ADAPTER`); None: the base
     tools: ToolRequest | None = None  # set when the request offers tools (its choice may still be "none")
     # Set by parsing when the request constrains its output; `grammar_compile.resolve_grammar` turns it
     # into `grammar` (and `sampling.grammar`), off the event loop, before the request may be queued.
@@ -121,6 +124,8 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     echo: bool
+    model: str  # what the client sent, echoed in the responses' `model`
+    adapter: str | None = None  # the LoRA adapter `model` names (`FUNCTION:ADAPTER`); None: the base
 
 
 def unsupported(param: str, message: str) -> APIError:
@@ -129,7 +134,7 @@ def unsupported(param: str, message: str) -> APIError:
 
 def parse_chat(body: Any, policy: RequestPolicy) -> ChatRequest:
     reader = BodyReader(body, _CHAT_FIELDS)
-    _check_model(reader, policy)
+    model, adapter = _check_model(reader, policy)
     _reject_chat_features(reader)
     tools = parse_tools(reader, max_tools=policy.max_tools, max_schema_bytes=policy.max_tool_schema_bytes)
     source = structured_output(reader, policy.max_grammar_bytes)
@@ -155,6 +160,8 @@ def parse_chat(body: Any, policy: RequestPolicy) -> ChatRequest:
         sampling=sampling,
         stream=stream,
         include_usage=include_usage,
+        model=model,
+        adapter=adapter,
         tools=tools,
         grammar_source=source,
     )
@@ -162,7 +169,7 @@ def parse_chat(body: Any, policy: RequestPolicy) -> ChatRequest:
 
 def parse_completion(body: Any, policy: RequestPolicy) -> CompletionRequest:
     reader = BodyReader(body, _COMPLETION_FIELDS)
-    _check_model(reader, policy)
+    model, adapter = _check_model(reader, policy)
     prompts = _prompts(reader.raw("prompt"), policy)
     if reader.raw("suffix") not in (None, ""):
         raise unsupported("suffix", "'suffix' (text insertion) is not supported by this model")
@@ -175,18 +182,42 @@ def parse_completion(body: Any, policy: RequestPolicy) -> CompletionRequest:
     if best_of is not None and best_of != sampling.n:
         raise unsupported("best_of", f"'best_of' must equal 'n' ({sampling.n}); ranking candidates is not supported")
     stream, include_usage = _stream_mode(reader)
-    return CompletionRequest(prompts=prompts, sampling=sampling, stream=stream, include_usage=include_usage, echo=echo)
+    return CompletionRequest(
+        prompts=prompts,
+        sampling=sampling,
+        stream=stream,
+        include_usage=include_usage,
+        echo=echo,
+        model=model,
+        adapter=adapter,
+    )
 
 
-def _check_model(reader: BodyReader, policy: RequestPolicy) -> None:
+def _check_model(reader: BodyReader, policy: RequestPolicy) -> tuple[str, str | None]:
+    """The `model` sent and the adapter it names: `FUNCTION` is the base (None), `FUNCTION:ADAPTER` an adapter
+    (whether this server has it is checked against the engine's catalog when the request is submitted)."""
     model = reader.string("model", required=True)
-    if model != policy.model_name:
-        raise APIError(
-            404,
-            f"The model {model!r} does not exist; this server serves {policy.model_name!r}",
-            param="model",
-            code="model_not_found",
-        )
+    if model == policy.model_name:
+        return model, None
+    function, colon, adapter = model.partition(":")
+    if colon and function == policy.model_name:
+        return model, adapter
+    raise APIError(
+        404,
+        f"The model {model!r} does not exist; this server serves {policy.model_name!r}",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def check_adapter(adapters: EngineAdapters | None, policy: RequestPolicy, adapter: str | None) -> None:
+    """A 404 naming what is served unless the engine has `adapter` (None, the base, it always has)."""
+    if adapter is None:
+        return
+    if adapters is None:
+        raise unknown_adapter(policy.model_name, adapter, None)
+    if adapters.catalog.get(adapter) is None:
+        raise unknown_adapter(policy.model_name, adapter, tuple(adapters.catalog.names()))
 
 
 def _stream_mode(reader: BodyReader) -> tuple[bool, bool]:

@@ -20,6 +20,8 @@ from starlette.routing import Route
 
 from runtime.api.errors import APIError
 from runtime.api.metrics import PROMETHEUS_TYPE
+from runtime.bundle import CLASSIFICATION_TASK, EMBEDDING_TASK
+from runtime.http.adapters import adapter_card, adapter_cards, adapter_routes
 from runtime.http.endpoints import CLIENT_CLOSED, Handler, task_routes
 from runtime.http.openapi import document
 from runtime.http.openapi_routes import core_pieces
@@ -108,6 +110,8 @@ def create_app(
         Route("/v1/models/{model_id:path}", api("model", _get_model), methods=["GET"]),
         *task_routes(task, api),  # chat and completions, or embeddings, as the bundle's task says
     ]
+    if task not in (EMBEDDING_TASK, CLASSIFICATION_TASK):
+        routes += adapter_routes(api)  # LoRA adapters: listed, added and removed while serving
     if sagemaker:
         from runtime.http.sagemaker import sagemaker_routes
 
@@ -154,14 +158,18 @@ def _model_card(state: ServerState) -> dict[str, object]:
 
 
 async def _list_models(state: ServerState, request: Request, wire: WireFormat) -> Response:
-    return wire.response({"object": "list", "data": [_model_card(state)]})
+    """The function's model and, `FUNCTION:NAME`, each LoRA adapter it serves (runtime/http/adapters.py)."""
+    return wire.response({"object": "list", "data": [_model_card(state), *adapter_cards(state)]})
 
 
 async def _get_model(state: ServerState, request: Request, wire: WireFormat) -> Response:
     model_id = request.path_params["model_id"]
-    if model_id != state.policy.model_name:
+    if model_id == state.policy.model_name:
+        return wire.response(_model_card(state))
+    card = adapter_card(state, model_id)
+    if card is None:
         raise APIError(404, f"The model {model_id!r} does not exist", param="model", code="model_not_found")
-    return wire.response(_model_card(state))
+    return wire.response(card)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

@@ -42,6 +42,7 @@ _ERRORS = {
     "400": "The body or a parameter is invalid; `error.param` names it",
     "401": "Missing or wrong bearer API key",
     "404": "Unknown model",
+    "409": "The adapter is one of the bundle's own: a rebuild changes it",
     "413": "The body is larger than the server's limit",
     "429": "The request queue is full; retry after `Retry-After` seconds",
     "503": "The model is still loading or failed to load",
@@ -70,7 +71,7 @@ def error_responses(*statuses: str) -> dict[str, Any]:
     """The error responses of `statuses`, in both wire formats; 429 carries `Retry-After`."""
     out: dict[str, Any] = {}
     for status in statuses:
-        response: dict[str, Any] = {"description": _ERRORS[status], "content": _both(ref("Error"))}
+        response: dict[str, Any] = {"description": _ERRORS[status], "content": both(ref("Error"))}
         if status == "429":
             response["headers"] = {
                 "Retry-After": {"required": True, "schema": {"type": "string", "pattern": "^[0-9]+$"}}
@@ -81,7 +82,7 @@ def error_responses(*statuses: str) -> dict[str, Any]:
     return out
 
 
-def _both(schema: Schema) -> dict[str, Any]:
+def both(schema: Schema) -> dict[str, Any]:
     return {JSON_TYPE: {"schema": schema}, MSGPACK_TYPE: {"schema": schema}}
 
 
@@ -97,7 +98,7 @@ def generation_operation(summary: str, body: str, result: str, chunk: str) -> di
     stream_of_maps = {"type": "array", "items": ref(chunk), "minItems": 2}
     return {
         "summary": summary,
-        "requestBody": {"required": True, "content": _both(ref(body))},
+        "requestBody": {"required": True, "content": both(ref(body))},
         "responses": {
             "200": {
                 "description": f"A `{result}` object, or with `stream` a stream of `{chunk}` objects",
@@ -125,6 +126,7 @@ def models_piece(policy: RequestPolicy) -> RoutePiece:
             "object": {"const": "model"},
             "created": {"type": "integer"},
             "owned_by": {"type": "string"},
+            "parent": {"type": "string", "description": "an adapter's (`FUNCTION:NAME`): the function it adapts"},
         },
     }
     listing = {
@@ -137,15 +139,15 @@ def models_piece(policy: RequestPolicy) -> RoutePiece:
         {
             "/v1/models": {
                 "get": {
-                    "summary": "List the model this server serves",
-                    "responses": {"200": _ok(ref("ModelList")), **error_responses("401")},
+                    "summary": "List the model this server serves and its LoRA adapters (`FUNCTION:NAME`)",
+                    "responses": {"200": ok(ref("ModelList")), **error_responses("401")},
                 }
             },
             "/v1/models/{model_id}": {
                 "get": {
                     "summary": "Describe one model",
                     "parameters": [model_id],
-                    "responses": {"200": _ok(ref("Model")), **error_responses("401", "404")},
+                    "responses": {"200": ok(ref("Model")), **error_responses("401", "404")},
                 }
             },
         },
@@ -153,8 +155,8 @@ def models_piece(policy: RequestPolicy) -> RoutePiece:
     )
 
 
-def _ok(schema: Schema, description: str = "OK") -> dict[str, Any]:
-    return {"description": description, "content": _both(schema)}
+def ok(schema: Schema, description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": both(schema)}
 
 
 def probes_piece(policy: RequestPolicy) -> RoutePiece:
@@ -258,8 +260,8 @@ def embeddings_piece(policy: RequestPolicy) -> RoutePiece:
     }
     operation = {
         "summary": "Create embeddings",
-        "requestBody": {"required": True, "content": _both(ref("EmbeddingRequest"))},
-        "responses": {"200": _ok(ref("EmbeddingList")), **error_responses("400", "401", "404", "413", "429", "503")},
+        "requestBody": {"required": True, "content": both(ref("EmbeddingRequest"))},
+        "responses": {"200": ok(ref("EmbeddingList")), **error_responses("400", "401", "404", "413", "429", "503")},
     }
     return RoutePiece({"/v1/embeddings": {"post": operation}}, {"EmbeddingRequest": request, "EmbeddingList": response})
 
@@ -290,9 +292,9 @@ def classify_piece(policy: RequestPolicy) -> RoutePiece:
     }
     operation = {
         "summary": "Classify texts",
-        "requestBody": {"required": True, "content": _both(ref("ClassificationRequest"))},
+        "requestBody": {"required": True, "content": both(ref("ClassificationRequest"))},
         "responses": {
-            "200": _ok(ref("ClassificationList")),
+            "200": ok(ref("ClassificationList")),
             **error_responses("400", "401", "404", "413", "429", "503"),
         },
     }

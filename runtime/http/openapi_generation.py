@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from runtime.adapters.layout import NAME
 from runtime.api.protocol import MAX_COMPLETION_LOGPROBS, MAX_TOP_LOGPROBS, RequestPolicy
 from runtime.http.openapi import RoutePiece, Schema, generation_operation, nullable, ref
 
@@ -13,7 +14,14 @@ def _sampling_properties(policy: RequestPolicy, max_tokens_key: str) -> dict[str
     token_id = {"type": "integer", "minimum": 0, "maximum": policy.vocab_size - 1}
     stop_string = {"type": "string", "minLength": 1}
     return {
-        "model": {"type": "string", "enum": [policy.model_name]},
+        "model": {
+            "anyOf": [
+                {"const": policy.model_name},
+                {"type": "string", "pattern": f"^{_literal(policy.model_name)}:{NAME.pattern.removeprefix('^')}"},
+            ],
+            "description": f"{policy.model_name!r} (the base model) or '{policy.model_name}:ADAPTER', one of its "
+            "LoRA adapters (GET /v1/models lists them; another is a 404)",
+        },
         "stream": nullable({"type": "boolean"}),
         "stream_options": nullable(
             {
@@ -49,6 +57,11 @@ def _sampling_properties(policy: RequestPolicy, max_tokens_key: str) -> dict[str
         "ignore_eos": nullable({"type": "boolean"}),
         "stop_token_ids": nullable({"type": "array", "items": token_id}),
     }
+
+
+def _literal(text: str) -> str:
+    """`text` as a regex matching itself, escaping only what ECMA regexes (JSON Schema's) allow escaped."""
+    return "".join("\\" + c if c in "\\^$.|?*+()[]{}/" else c for c in text)
 
 
 _USAGE: Schema = {

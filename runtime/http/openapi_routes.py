@@ -9,6 +9,7 @@ from __future__ import annotations
 from runtime.api.protocol import RequestPolicy
 from runtime.bundle import CLASSIFICATION_TASK, EMBEDDING_TASK
 from runtime.http.openapi import RoutePiece, classify_piece, embeddings_piece, models_piece, probes_piece
+from runtime.http.openapi_adapters import adapters_piece
 from runtime.http.openapi_generation import chat_piece, completions_piece
 
 
@@ -19,5 +20,5 @@ def core_pieces(policy: RequestPolicy, task: str = "chat") -> list[RoutePiece]:
     elif task == CLASSIFICATION_TASK:
         served = [classify_piece(policy)]
     else:
-        served = [chat_piece(policy), completions_piece(policy)]
+        served = [chat_piece(policy), completions_piece(policy), adapters_piece()]
     return [*served, models_piece(policy), probes_piece(policy)]
