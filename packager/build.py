@@ -13,7 +13,17 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from packager.bundle import BundleInputs, reusable_bundle, write_bundle
+from packager.adapters.build import (
+    AdapterQuality,
+    DeclaredAdapter,
+    check_declared,
+    graph_plan,
+    layout_for,
+    read_declared,
+    verify_adapters,
+)
+from packager.adapters.build import quality_json as adapter_quality_json
+from packager.bundle import BundledAdapters, BundleInputs, decoder_facts_of, reusable_bundle, write_bundle
 from packager.cache import cached_json, digest_of
 from packager.encoder.build import EncoderBuildResult, build_encoder_function
 from packager.errors import UserError
@@ -35,6 +45,7 @@ from packager.verify import (
     torch_parity,
     write_quality_json,
 )
+from runtime.adapters.layout import AdapterLayout
 from runtime.bundle import FORMAT_VERSION, Manifest, open_bundle
 
 VERIFY_VERSION = 3  # bump when the quality method changes, to invalidate cached figures
@@ -106,14 +117,18 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
     if yardstick is not None:
         beside = _export(source, yardstick, reference, max_context, progress)
         compared.append(_verify(beside, reference, budget, evaluator, progress))
+    adapters = _adapters(spec, source, reference, export, budget, progress)
     with tempfile.TemporaryDirectory() as tmp:
         quality_path = Path(tmp) / "quality.json"
-        write_quality_json(quality_path, parity, candidates, quality.precision, budget, compared)
+        figures = adapter_quality_json(adapters[2]) if adapters is not None else None
+        write_quality_json(quality_path, parity, candidates, quality.precision, budget, compared, figures)
         quality_json = quality_path.read_bytes()
     build_key = digest_of(
         "bundle", FORMAT_VERSION, metadata.version("onnxfn"), spec.digest, export.key, quality_json,
         SNAPSHOT_VERSION, metadata.version("onnxruntime"),  # the snapshot's KV is valid for one ORT version
         PREFILL_GRAPH_VERSION,
+        adapters[0].to_json() if adapters is not None else None,
+        [a.digest for a in adapters[1]] if adapters is not None else None,
     )  # fmt: skip
     target = bundle_dir(spec)
     with progress.step("bundle", f"write and verify bundle {target}") as step:
@@ -130,12 +145,35 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
                 quality.precision,
                 quality_json,
                 build_key,
+                BundledAdapters(adapters[0], adapters[1]) if adapters is not None else None,
             )
             write_bundle(inputs, target)
             manifest = open_bundle(target).manifest
     return BuildResult(
         spec, target, manifest, quality, candidates, compared, parity, ops, bundle_reused=step.record.cached
     )
+
+
+def _adapters(
+    spec: FunctionSpec,
+    source: SourceModel,
+    reference: ExportResult,
+    export: ExportResult,
+    budget: QualityBudget,
+    progress: StepProgress,
+) -> tuple[AdapterLayout, list[DeclaredAdapter], list[AdapterQuality]] | None:
+    """The function's LoRA adapters: the graph's layout, each adapter read and checked, and each one's figures."""
+    if not spec.adapters and not spec.export.adapter_modules:
+        return None
+    facts = decoder_facts_of(spec, export.directory, source.hf_dir)
+    declared = read_declared(spec, facts, progress)
+    plan = graph_plan(spec, declared)
+    assert plan is not None  # modules come from the adapters or from export.adapter_modules
+    layout = layout_for(export.directory / "model.onnx", facts, *plan)
+    check_declared(declared, layout)
+    template = _template(reference.directory)
+    results = verify_adapters(declared, source.hf_dir, reference, export, layout, budget, template, progress)
+    return layout, declared, results
 
 
 def _verify(

@@ -14,11 +14,15 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from packager.adapters.build import ADAPTER_DIR, DeclaredAdapter, adapt_graph, bundled_files, manifest_entry
 from packager.errors import UserError
+from packager.export.builder import check_architecture
 from packager.export.gguf import CARRY_REPORT
 from packager.export.prefill import write_prefill_graphs
 from packager.snapshot import add_snapshot
 from packager.spec import FunctionSpec
+from runtime.adapters.files import write_adapter_file
+from runtime.adapters.layout import AdapterLayout
 from runtime.bundle import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -48,28 +52,46 @@ class BundleInputs:
     precision: str
     quality_json: bytes
     build_key: str
+    adapters: BundledAdapters | None = None
+
+
+@dataclass(frozen=True)
+class BundledAdapters:
+    """The graph's adapter layout and the function's own adapters, written into the bundle's `adapters/`."""
+
+    layout: AdapterLayout
+    declared: list[DeclaredAdapter]
 
 
 def model_facts(inputs: BundleInputs) -> ModelFacts:
-    genai = json.loads((inputs.export_dir / GENAI_CONFIG).read_text())["model"]
+    return _facts(inputs.spec, inputs.export_dir, inputs.hf_dir, inputs.architecture, inputs.precision)
+
+
+def decoder_facts_of(spec: FunctionSpec, export_dir: Path, hf_dir: Path) -> ModelFacts:
+    """The facts an export's bundle will declare (architecture and precision as the export's builder saw them)."""
+    return _facts(spec, export_dir, hf_dir, check_architecture(hf_dir), "unknown")
+
+
+def _facts(spec: FunctionSpec, export_dir: Path, hf_dir: Path, architecture: str, precision: str) -> ModelFacts:
+    genai = json.loads((export_dir / GENAI_CONFIG).read_text())["model"]
     decoder = genai["decoder"]
-    hf_config = json.loads((inputs.hf_dir / "config.json").read_text())
-    template_path = inputs.export_dir / "chat_template.jinja"
-    template = template_path.read_text() if template_path.is_file() else _template_from_config(inputs.export_dir)
+    hf_config = json.loads((hf_dir / "config.json").read_text())
+    template_path = export_dir / "chat_template.jinja"
+    template = template_path.read_text() if template_path.is_file() else _template_from_config(export_dir)
     return ModelFacts(
-        task=inputs.spec.model.task,
-        architecture=inputs.architecture,
-        precision=inputs.precision,
+        task=spec.model.task,
+        architecture=architecture,
+        precision=precision,
         num_layers=decoder["num_hidden_layers"],
         num_heads=decoder["num_attention_heads"],
         num_kv_heads=decoder["num_key_value_heads"],
         head_dim=decoder["head_size"],
         hidden_size=decoder["hidden_size"],
         vocab_size=genai["vocab_size"],
-        context_length=min(genai["context_length"], inputs.spec.export.max_context),
+        context_length=min(genai["context_length"], spec.export.max_context),
         kv_dtype="float32",
         bos_token_id=genai.get("bos_token_id"),
-        eos_token_ids=_eos_ids(inputs.hf_dir, genai.get("eos_token_id"), hf_config.get("eos_token_id")),
+        eos_token_ids=_eos_ids(hf_dir, genai.get("eos_token_id"), hf_config.get("eos_token_id")),
         pad_token_id=genai.get("pad_token_id"),
         chat_template=template,
         io=DecoderIO(
@@ -145,6 +167,10 @@ def _assemble(inputs: BundleInputs, out: Path) -> Manifest:
                 raise UserError(f"the export at {inputs.export_dir} lacks {name}; delete it and rebuild")
             continue
         shutil.copyfile(source, out / name)
+        if name == "model.onnx" and inputs.adapters is not None:
+            adapt_graph(out / name, inputs.adapters.layout)  # before the prefill graphs are derived from it
+            files[name] = file_digest(out / name)
+            continue
         known = inputs.export_digests.get(name)
         # Digests recorded when the export was cached; re-hash only files without one.
         files[name] = FileEntry(**known) if known else file_digest(out / name)  # type: ignore[arg-type]
@@ -152,6 +178,13 @@ def _assemble(inputs: BundleInputs, out: Path) -> Manifest:
         # The runtime prefills through these graphs on the CPU (last-position logits; export/prefill.py).
         for name in write_prefill_graphs(out, "model.onnx"):
             files[name] = file_digest(out / name)
+    adapters = inputs.adapters
+    if adapters is not None:
+        bundled = bundled_files(adapters.declared)
+        (out / ADAPTER_DIR).mkdir()
+        for adapter in adapters.declared:
+            write_adapter_file(out / bundled[adapter.name], adapter.file)
+            files[bundled[adapter.name]] = file_digest(out / bundled[adapter.name])
     (out / QUALITY_FILE).write_bytes(inputs.quality_json)
     files[QUALITY_FILE] = file_digest(out / QUALITY_FILE)
     manifest = Manifest(
@@ -164,6 +197,7 @@ def _assemble(inputs: BundleInputs, out: Path) -> Manifest:
         files=files,
         created_by={name: metadata.version(name) for name in ("onnxfn", "onnxruntime", "onnxruntime-genai")},
         build_key=inputs.build_key,
+        adapters=manifest_entry(adapters.layout, adapters.declared) if adapters is not None else None,
     )
     manifest = add_snapshot(out, manifest, inputs.spec)
     manifest_path = out / MANIFEST_NAME

@@ -16,7 +16,10 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from packager.adapters.weights import ADAPTABLE_MODULES
 from packager.errors import UserError
+from runtime.adapters.layout import NAME as ADAPTER_NAME
+from runtime.adapters.layout import NAME_RULE as ADAPTER_NAME_RULE
 
 SPEC_FILE = "function.toml"
 ENCODER_PRECISIONS = ("auto", "fp32", "int8", "int8-mixed", "int8-nbits")
@@ -66,6 +69,11 @@ class ExportSection:
     max_context: int = bounded(2048, lo=16, hi=131072)
     # A second graph for prompts on the CPU: ~2.5x faster prefill for fp32 copies of the int8 weights.
     prefill_graph: bool = True
+    # LoRA adapters (docs/adapters.md): the projections the graph takes adapters on (empty: those the [[adapters]]
+    # target) and the largest rank it takes (0: the largest declared, 16 without any). Set them to add adapters
+    # later (`pkg adapter add`) that the bundle's own do not cover.
+    adapter_modules: list[str] = field(default_factory=list, metadata={"item_choices": ADAPTABLE_MODULES})
+    adapter_rank: int = bounded(0, lo=0, hi=256)
     quality: QualitySection = field(default_factory=QualitySection)
 
 
@@ -91,6 +99,9 @@ class RuntimeSection:
         default_factory=lambda: ["cpu"], metadata={"item_choices": ("cpu", "cuda", "tensorrt")}
     )
     system_prompt: str | None = None
+    # LoRA adapters resident at once (each a slot of the graph's adapter inputs); more are loaded on demand,
+    # evicting the least recently used idle one.
+    max_adapters: int = bounded(4, lo=1, hi=64)
     sampling: SamplingSection = field(default_factory=SamplingSection)
 
 
@@ -252,6 +263,16 @@ class ImageSection:
 
 
 @dataclass(frozen=True)
+class AdapterSection:
+    """One `[[adapters]]` entry: a LoRA adapter served as `model: "FUNCTION:NAME"`."""
+
+    name: str
+    # A PEFT folder (adapter_config.json + adapter_model.safetensors) or a llama.cpp GGUF LoRA file,
+    # relative to the function folder.
+    source: str
+
+
+@dataclass(frozen=True)
 class FunctionSpec:
     name: str
     model: ModelSection
@@ -260,6 +281,7 @@ class FunctionSpec:
     endpoint: EndpointSection = field(default_factory=EndpointSection)
     targets: TargetsSection = field(default_factory=TargetsSection)
     image: ImageSection | None = None
+    adapters: list[AdapterSection] = field(default_factory=list)
     # Where the spec was read from, and the sha256 of its parsed values; not keys of the TOML file.
     directory: Path = field(default=Path("."), metadata={"internal": True})
     digest: str = field(default="", metadata={"internal": True})
@@ -335,10 +357,24 @@ def _check_cross_field(spec: FunctionSpec, path: Path) -> None:
             "runtime.decode = 'throughput' decodes through the prefill graph: it needs a generative model.task, "
             "export.prefill_graph = true and 'cpu' first in runtime.providers"
         )
+    problems += _adapter_problems(spec)
     if not spec.name.replace("-", "").replace("_", "").isalnum():
         problems.append(f"name = {spec.name!r}: use letters, digits, '-' and '_' only")
     if problems:
         raise SpecError(path, problems)
+
+
+def _adapter_problems(spec: FunctionSpec) -> list[str]:
+    problems = []
+    names = [a.name for a in spec.adapters]
+    if spec.adapters and spec.model.task in ENCODER_TASKS:
+        problems.append(f"[[adapters]]: LoRA adapters serve text generation; model.task = {spec.model.task!r}")
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"adapters: the name {name!r} is declared twice; each adapter needs its own name")
+    for name in names:
+        if not ADAPTER_NAME.match(name):
+            problems.append(f"adapters: name = {name!r} is not valid: {ADAPTER_NAME_RULE}")
+    return problems
 
 
 def _parse_table(cls: type, table: Any, prefix: str, problems: list[str]) -> dict[str, Any]:
@@ -358,7 +394,16 @@ def _parse_table(cls: type, table: Any, prefix: str, problems: list[str]) -> dic
                 problems.append(f"{key}: required key is missing")
             continue
         hint = _optional_section(hints[spec_field.name])
-        if isinstance(hint, type) and hasattr(hint, "__dataclass_fields__"):
+        item: Any = typing.get_args(hint)[0] if typing.get_origin(hint) is list else None
+        if hasattr(item, "__dataclass_fields__"):  # an array of tables, [[adapters]]
+            if not isinstance(table[name], list):
+                problems.append(f"{key} must be an array of tables ([[{key}]]), got {table[name]!r}")
+                continue
+            before = len(problems)
+            parsed = [_parse_table(item, entry, f"{key}[{i}].", problems) for i, entry in enumerate(table[name])]
+            if len(problems) == before:
+                values[spec_field.name] = [item(**entry) for entry in parsed]
+        elif isinstance(hint, type) and hasattr(hint, "__dataclass_fields__"):
             before = len(problems)
             nested = _parse_table(hint, table[name], key + ".", problems)
             if len(problems) == before:

@@ -32,6 +32,7 @@ _DATA = files("packager") / "data"
 _NUMPY_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 Progress = Callable[[int, int], None]
+Feeds = dict[str, np.ndarray]  # graph inputs by name
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,9 @@ class _Decoder:
     so one forward can score a whole sequence.
     """
 
-    def __init__(self, onnx_dir: Path, threads: int) -> None:
+    def __init__(self, onnx_dir: Path, threads: int, feeds: Feeds | None = None) -> None:
+        """`feeds`: inputs every forward gets besides the tokens and the cache (a LoRA adapter's, for one row)."""
+        self._feeds = feeds or {}
         config_path = onnx_dir / "genai_config.json"
         if not config_path.is_file():
             raise UserError(f"{onnx_dir} has no genai_config.json: it is not an export of the genai model builder")
@@ -115,6 +118,7 @@ class _Decoder:
             self._input_ids: np.asarray([token_ids], dtype=np.int64),
             self._attention_mask: np.ones((1, past[0].shape[2] + len(token_ids)), dtype=np.int64),
             **dict(zip(self._past, past, strict=True)),
+            **self._feeds,
         }
         outputs = self._session.run([self._logits, *self._present] if keep_cache else [self._logits], feeds)
         return outputs[0][0].astype(np.float32, copy=False), outputs[1:]
@@ -146,8 +150,11 @@ class QualityEvaluator:
         *,
         threads: int = 2,
         progress: Progress | None = None,
+        feeds: Feeds | None = None,
     ) -> None:
+        """`feeds`: extra inputs of the reference and every candidate (one LoRA adapter, packager/adapters/)."""
         self._threads = threads
+        self._feeds = feeds
         self._progress = progress
         tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self._prompts = prompt_token_ids(tokenizer, chat_template)
@@ -159,7 +166,7 @@ class QualityEvaluator:
 
         total = 2 + 2 * len(self._prompts)
         self._report(0, total)
-        reference = _Decoder(reference_onnx_dir, threads)
+        reference = _Decoder(reference_onnx_dir, threads, feeds)
         self._report(1, total)
         self._continuations = []
         prefix_cache = self._prefix_cache(reference)
@@ -183,7 +190,7 @@ class QualityEvaluator:
             self._progress = progress
         total = 2 + len(self._prompts)
         self._report(0, total)
-        candidate = _Decoder(candidate_onnx_dir, self._threads)
+        candidate = _Decoder(candidate_onnx_dir, self._threads, self._feeds)
         self._report(1, total)
         agreeing = positions = greedy_matches = 0
         kl_per_position: list[np.ndarray] = []
@@ -254,21 +261,26 @@ def torch_parity(
     *,
     new_tokens: int = 16,
     threads: int = 2,
+    feeds: Feeds | None = None,
+    adapt: Callable[[Any], Any] | None = None,
 ) -> ReferenceParity:
     """Whether the fp32 ONNX export decodes the same greedy tokens as the PyTorch model it came from.
 
-    `threads` is ONNX Runtime's; PyTorch runs on one thread.
+    `threads` is ONNX Runtime's; PyTorch runs on one thread. With a LoRA adapter, `feeds` are its inputs
+    to the graph and `adapt` turns the loaded PyTorch model into the adapted one (PEFT's merge).
     """
     import torch
     from transformers import AutoModelForCausalLM
 
     prompts = prompt_token_ids(Tokenizer.from_file(str(tokenizer_path)), chat_template)
     # ONNX first, then torch: two thread pools taking turns in one process spin against each other.
-    onnx_model = _Decoder(reference_onnx_dir, threads)
+    onnx_model = _Decoder(reference_onnx_dir, threads, feeds)
     expected = [onnx_model.greedy(prompt, new_tokens) for prompt in prompts]
     del onnx_model
 
     torch_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    if adapt is not None:
+        torch_model = adapt(torch_model).eval()
     divergences: list[int | None] = []
     previous_threads = torch.get_num_threads()
     # One thread: torch's OpenMP pool collapses when the cores are shared (measured on a loaded 2-core
@@ -296,8 +308,10 @@ def write_quality_json(
     chosen: str,
     budget: QualityBudget,
     compared: list[CandidateQuality] | None = None,
+    adapters: dict[str, Any] | None = None,
 ) -> None:
-    """`compared`: figures measured beside the candidates for reference (quantize.YARDSTICK), never chosen."""
+    """`compared`: figures measured beside the candidates for reference (quantize.YARDSTICK), never chosen.
+    `adapters`: each LoRA adapter's own parity and quality (packager/adapters/build.py), by name."""
     report: dict[str, Any] = {
         "format_version": QUALITY_FORMAT_VERSION,
         "chosen": chosen,
@@ -306,6 +320,7 @@ def write_quality_json(
         "torch_parity": asdict(parity) if parity is not None else None,
         "candidates": [candidate_json(candidate) for candidate in candidates],
         "compared": [candidate_json(candidate) for candidate in compared or []],
+        **({"adapters": adapters} if adapters else {}),
         "method": {
             "prompts": len(load_prompts()),
             "continuation_tokens": CONTINUATION_TOKENS,

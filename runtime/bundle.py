@@ -113,6 +113,9 @@ class Manifest:
     # Absent from bundles written before encoders existed, which are all decoders: "chat".
     task: str = "chat"
     encoder: EncoderFacts | None = None
+    # A decoder graph that takes LoRA adapters: {"layout": AdapterLayout JSON, "bundled": {name: file}}
+    # (runtime/adapters/); None: the graph takes none.
+    adapters: dict[str, Any] | None = None
 
     @property
     def decoder(self) -> ModelFacts:
@@ -142,6 +145,8 @@ class Manifest:
             optional["model"] = _facts_to_json(self.model)
         if self.encoder is not None:
             optional["encoder"] = _encoder_to_json(self.encoder)
+        if self.adapters is not None:
+            optional["adapters"] = self.adapters
         return {
             "format_version": self.format_version,
             "function": self.function,
@@ -183,6 +188,7 @@ class Manifest:
                 snapshot=data.get("snapshot"),
                 task=task,
                 encoder=encoder,
+                adapters=data.get("adapters"),
             )
         except (KeyError, TypeError) as exc:
             raise BundleError(f"manifest.json is malformed: {exc!r}; rebuild the bundle") from exc

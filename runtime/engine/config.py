@@ -62,3 +62,8 @@ class EngineConfig:
     grammar_cache_bytes: int = 128 << 20
     grammar_max_bytes: int = 32 << 20
     grammar_compile_s: float = 5.0
+    # LoRA adapters (a bundle whose graph takes them): how many are resident at once (each request holds its
+    # adapter's slot while it runs; idle ones are evicted least recently used first), and the directory adapters
+    # added while the server runs are kept in (None: none can be added).
+    max_adapters: int = 4
+    adapter_dir: Path | None = None

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from runtime.bundle import Bundle
+from runtime.engine.adapters import EngineAdapters, resolve_adapter
 from runtime.engine.background import Idleness, StartupWork
 from runtime.engine.config import EngineConfig
 from runtime.engine.constraints import GrammarConstraint
@@ -91,14 +92,20 @@ class Engine:
             session_s = max(session_s, prefill_build.duration)
         self.provider = short_name(session.get_providers()[0])  # the one running the graph: `cpu`, `cuda`, …
         self._prefix_cache = PrefixCache(config.prefix_block_size, config.prefix_cache_bytes)
+        self.adapters = (
+            EngineAdapters.for_bundle(bundle, config.max_adapters, config.adapter_dir, self._pool.slots)
+            if bundle.manifest.adapters is not None
+            else None
+        )
+        slots = self.adapters.slots if self.adapters is not None else None
         self._decoder = decoder = DecoderSession(
             session, facts.io, facts.num_layers, self._pool.tensors, facts.vocab_size, config.max_batch,
-            config.prefill_chunk, prefill_session, 1 + config.speculative_tokens if config.speculative else 1,
+            config.prefill_chunk, prefill_session, 1 + config.speculative_tokens if config.speculative else 1, slots,
         )  # fmt: skip
         decoder.warm_up()
         self._drafter = PromptLookup(config.speculative_tokens) if config.speculative else None
-        self._runner = ModelRunner(decoder, self._pool, self._drafter)
-        self._scheduler = Scheduler(self._pool, self._prefix_cache, config.max_queue, config.prefill_chunk)
+        self._runner = ModelRunner(decoder, self._pool, self._drafter, slots.rows if slots is not None else None)
+        self._scheduler = Scheduler(self._pool, self._prefix_cache, config.max_queue, config.prefill_chunk, slots)
         self._on_step = on_step
         self._streams: dict[str, RequestStream] = {}
         self._stream_wakeups = Wakeups()
@@ -153,8 +160,9 @@ class Engine:
         validate_request(request, self._facts.vocab_size, self.max_context, self.config.max_batch, prompt_param)
         if grammar is not None and grammar.text != request.sampling.grammar:
             raise ValueError("the compiled grammar is not the one the request's sampling asks for")
+        adapter = resolve_adapter(self.adapters, request.adapter)
         now = time.perf_counter()
-        group = RequestState(request, submitted_at=now)
+        group = RequestState(request, submitted_at=now, adapter=adapter)
         group.sequences = [self._sequence(group, i, grammar) for i in range(request.sampling.n)]
         stream = RequestStream(request.request_id, now, self.abort, self._stream_wakeups)
         with self._wakeup:
@@ -164,6 +172,12 @@ class Engine:
             self._streams[request.request_id] = stream
             self._wakeup.notify()
         return stream
+
+    def remove_adapter(self, name: str) -> None:
+        """Take `name` out of the catalog; requests running with it finish with it (KeyError: no such adapter)."""
+        if self.adapters is None:
+            raise KeyError(name)
+        self.adapters.remove(name, self._on_engine_thread)
 
     def abort(self, request_id: str) -> None:
         self._scheduler.abort(request_id)

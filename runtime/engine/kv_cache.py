@@ -114,10 +114,14 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     return length
 
 
-def block_keys(token_ids: Sequence[int], block_size: int) -> list[bytes]:
-    """A hash chain over the full blocks of `token_ids`: each key covers its block and every earlier one."""
+def block_keys(token_ids: Sequence[int], block_size: int, namespace: bytes = b"") -> list[bytes]:
+    """A hash chain over the full blocks of `token_ids`: each key covers its block and every earlier one.
+
+    `namespace` starts the chain: KV computed with a LoRA adapter is keyed by the adapter's digest, so a
+    prompt's blocks under one adapter never serve the same prompt under another, or the base (b"").
+    """
     keys: list[bytes] = []
-    parent = b""
+    parent = namespace
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         block = np.asarray(token_ids[start : start + block_size], dtype=np.int64).tobytes()
         parent = hashlib.blake2b(parent + block, digest_size=16).digest()
@@ -159,20 +163,21 @@ class PrefixCache:
         self.used_bytes += kv.nbytes - (previous.nbytes if previous is not None else 0)
         self._pinned[key] = kv
 
-    def match(self, token_ids: Sequence[int]) -> list[KVArray]:
+    def match(self, token_ids: Sequence[int], namespace: bytes = b"") -> list[KVArray]:
         """KV covering the longest cached prefix that leaves at least one token to compute.
 
-        Either a chain of whole blocks or one pinned prefix, whichever is longer.
+        Either a chain of whole blocks or one pinned prefix, whichever is longer. Pinned prefixes are the
+        base model's: a `namespace` (an adapter) only finds blocks computed under it.
         """
         limit = len(token_ids) - 1
         usable = limit // self.block_size * self.block_size
         found: list[tuple[bytes, KVArray]] = []
-        for key in block_keys(token_ids[:usable], self.block_size):
+        for key in block_keys(token_ids[:usable], self.block_size, namespace):
             block = self._blocks.get(key)
             if block is None:
                 break
             found.append((key, block))
-        pinned = self._longest_pin(token_ids, limit)
+        pinned = None if namespace else self._longest_pin(token_ids, limit)
         if pinned is not None and pinned.shape[2] > len(found) * self.block_size:
             self.hits += 1
             return [pinned]
@@ -201,9 +206,9 @@ class PrefixCache:
             start += block.shape[2]
         return start
 
-    def store(self, token_ids: Sequence[int], pool: KVPool, slot: int) -> None:
-        """Remember the full blocks of `token_ids`, whose KV is at positions `0..` of `slot`."""
-        chain = block_keys(token_ids, self.block_size)
+    def store(self, token_ids: Sequence[int], pool: KVPool, slot: int, namespace: bytes = b"") -> None:
+        """Remember the full blocks of `token_ids`, whose KV is at positions `0..` of `slot` (under `namespace`)."""
+        chain = block_keys(token_ids, self.block_size, namespace)
         block_bytes = self.block_size * pool.bytes_per_token
         stored = 0
         for i, key in enumerate(chain):

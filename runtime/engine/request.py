@@ -45,6 +45,7 @@ class GenerationRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    adapter: str | None = None  # a LoRA adapter's name (the API's `model: "FUNCTION:ADAPTER"`); None: the base
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,14 @@ class InvalidRequestError(EngineError):
         super().__init__(message)
         self.param = param
         self.code = code
+
+
+class UnknownAdapterError(EngineError):
+    """The request names an adapter this server does not have (HTTP 404); `available` lists those it has."""
+
+    def __init__(self, message: str, *, available: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.available = available
 
 
 class EngineOverloadedError(EngineError):

@@ -33,8 +33,16 @@ MAX_PREFILL_PADDING = 0.25
 
 
 class ModelRunner:
-    def __init__(self, session: DecoderSession, pool: KVPool, drafter: PromptLookup | None = None) -> None:
+    def __init__(
+        self,
+        session: DecoderSession,
+        pool: KVPool,
+        drafter: PromptLookup | None = None,
+        adapter_rows: NDArray[np.int64] | None = None,
+    ) -> None:
+        """`adapter_rows`: the adapter slot of each pool row, as the session binds it (graphs taking adapters)."""
         self._session = session
+        self._adapter_rows = adapter_rows
         self._pool = pool
         self._drafter = drafter
         # A decode step's inputs, one entry per pool row; every row below the batch's last is rewritten each step.
@@ -43,6 +51,8 @@ class ModelRunner:
 
     def execute(self, work: SchedulerOutput) -> ModelRunnerOutput:
         """Run the step; reports, per sequence it ran, the positions now computed and the tokens chosen."""
+        if self._adapter_rows is not None:
+            self._write_adapter_rows(work)
         steps: list[SequenceStep] = []
         for batch in prefill_runs(work.prefills, self._session.prefills_prompts_together):
             steps.extend(self._prefill(batch))
@@ -51,6 +61,15 @@ class ModelRunner:
             computed = {step.seq: step.num_computed for step in steps}
             steps.extend(self._decode(work, computed))
         return ModelRunnerOutput(tuple(steps))
+
+    def _write_adapter_rows(self, work: SchedulerOutput) -> None:
+        """Each row this step runs takes its request's adapter (slots move as sequences finish: every step)."""
+        assert self._adapter_rows is not None
+        rows = self._adapter_rows
+        for chunk in work.prefills:
+            rows[chunk.group.sequences[0].slot] = chunk.group.adapter_slot
+        for seq in (*work.decode, *work.passengers):
+            rows[seq.slot] = seq.group.adapter_slot
 
     def _prefill(self, batch: list[PrefillChunk]) -> list[SequenceStep]:
         first_slot = batch[0].group.sequences[0].slot
@@ -126,6 +145,8 @@ class ModelRunner:
         if self._pool.free == 0:
             raise EngineError("every KV slot is busy; a prefix can only be computed while one is free")
         slot = self._pool.acquire()
+        if self._adapter_rows is not None:
+            self._adapter_rows[slot] = 0  # pinned prefixes are the base model's (kv_cache.PrefixCache.match)
         try:
             for start in range(0, len(token_ids), chunk):
                 self._session.prefill(slot, token_ids[start : start + chunk], start)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from runtime.engine.adapter_slots import AdapterSlots, RequestAdapter
 from runtime.engine.draft import DraftState
 from runtime.engine.kv_cache import KVPool, PrefixCache
 from runtime.engine.output import OutputProcessor
@@ -62,6 +63,12 @@ class RequestState:
     sequences: list[SequenceState] = field(default_factory=list)
     first_token_at: float | None = None
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    adapter: RequestAdapter | None = None  # its LoRA adapter, None for the base model
+    adapter_slot: int = 0  # where `adapter` is resident while the request runs (0: the base)
+
+    @property
+    def cache_namespace(self) -> bytes:
+        return self.adapter.namespace if self.adapter is not None else b""
 
     @property
     def prompt_len(self) -> int:
@@ -137,8 +144,16 @@ class TokenOutput:
 
 
 class Scheduler:
-    def __init__(self, pool: KVPool, prefix_cache: PrefixCache, max_queue: int, prefill_chunk: int) -> None:
+    def __init__(
+        self,
+        pool: KVPool,
+        prefix_cache: PrefixCache,
+        max_queue: int,
+        prefill_chunk: int,
+        adapters: AdapterSlots | None = None,
+    ) -> None:
         self.pool = pool
+        self.adapters = adapters
         self.prefix_cache = prefix_cache
         self.max_queue = max_queue
         self.prefill_chunk = prefill_chunk
@@ -211,7 +226,8 @@ class Scheduler:
                 seq.status = SequenceStatus.RUNNING
                 # Before any slot is released (and moved): the prompt's KV is in the slot it was computed in.
                 if self.cache_prompt_kv and seq.index == 0:
-                    self.prefix_cache.store(seq.group.request.prompt_token_ids, self.pool, seq.slot)
+                    group = seq.group
+                    self.prefix_cache.store(group.request.prompt_token_ids, self.pool, seq.slot, group.cache_namespace)
             if step.drafted:
                 seq.draft.record(step.drafted, len(step.tokens) - 1)
         return [booked for step in output.steps for booked in self._book_tokens(step.seq, step.tokens)]
@@ -235,10 +251,13 @@ class Scheduler:
         if seq.slot >= 0:
             if self.cache_decoded_kv:
                 # What this sequence computed may be the prefix of a later request (the next chat turn).
-                self.prefix_cache.store(seq.token_ids()[: seq.num_computed], self.pool, seq.slot)
+                computed = seq.token_ids()[: seq.num_computed]
+                self.prefix_cache.store(computed, self.pool, seq.slot, seq.group.cache_namespace)
             self._release(seq)
         if seq.group.finished and seq.group in self.running:
             self.running.remove(seq.group)
+            if self.adapters is not None:
+                self.adapters.release(seq.group.adapter_slot)
 
     def reset(self) -> list[RequestState]:
         """Drop every request (after a failed step, whose KV cannot be trusted); returns them."""
@@ -253,6 +272,8 @@ class Scheduler:
                 seq.slot = -1
         self.pool.active = 0
         self._slot_owner = [None] * self.pool.slots
+        if self.adapters is not None:
+            self.adapters.reset_holders()
         return dropped
 
     def _release(self, seq: SequenceState) -> None:
@@ -287,7 +308,14 @@ class Scheduler:
         free = self.pool.free
         with self._lock:
             while self.waiting and len(self.waiting[0].sequences) <= free:
-                free -= len(self.waiting[0].sequences)
+                head = self.waiting[0]
+                if head.adapter is not None:
+                    assert self.adapters is not None, "the engine resolves adapters only when the graph takes them"
+                    slot = self.adapters.acquire(head.adapter)
+                    if slot is None:  # every adapter slot is held by running requests: wait for one
+                        break
+                    head.adapter_slot = slot
+                free -= len(head.sequences)
                 admitted.append(self.waiting.popleft())
         for group in admitted:
             for seq in group.sequences:
@@ -295,7 +323,7 @@ class Scheduler:
                 seq.status = SequenceStatus.PREFILLING
                 self._slot_owner[seq.slot] = seq
             leader = group.sequences[0]
-            blocks = self.prefix_cache.match(group.request.prompt_token_ids)
+            blocks = self.prefix_cache.match(group.request.prompt_token_ids, group.cache_namespace)
             leader.num_computed = group.cached_tokens = self.prefix_cache.load(blocks, self.pool, leader.slot)
             self.running.append(group)
         return admitted

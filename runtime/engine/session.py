@@ -18,6 +18,7 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.bundle import DecoderIO
+from runtime.engine.adapter_slots import AdapterSlots
 from runtime.engine.graphs import ROW_LAST_POSITIONS
 
 if TYPE_CHECKING:
@@ -55,12 +56,21 @@ class DecoderSession:
         max_chunk: int,
         prefill_session: ort.InferenceSession | None = None,
         max_width: int = 1,
+        adapters: AdapterSlots | None = None,
     ) -> None:
         """`prefill_session`: the graph prompts run through (default `session`), with the same inputs and outputs.
 
         `max_width`: the most positions one `verify` computes (1 without speculative decoding).
+        `adapters`: the LoRA slots of a graph that takes adapters, bound into every binding: the stacked weights
+        whole, the per-row adapter index as the binding's rows of `adapters.rows` (the runner writes it).
         """
         self._session = session
+        self._adapters = adapters
+        self._adapter_values = (
+            {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in adapters.inputs.items()}
+            if adapters is not None
+            else {}
+        )
         self._io = io
         self.attach_prefill(prefill_session or session)
         self._cache = list(cache)
@@ -237,6 +247,11 @@ class DecoderSession:
                 view = ort.OrtValue.ortvalue_from_numpy(tensor[start:stop])
                 binding.bind_ortvalue_input(past, view)
                 binding.bind_ortvalue_output(present, view)
+            if self._adapters is not None:
+                for name, value in self._adapter_values.items():
+                    binding.bind_ortvalue_input(name, value)
+                rows = ort.OrtValue.ortvalue_from_numpy(self._adapters.rows[start:stop])
+                binding.bind_ortvalue_input(self._adapters.index_input, rows)
             entry = self._bindings[key] = (binding, {})
         return entry
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnxruntime as ort
 
+from runtime.adapters.layout import INDEX_INPUT
 from runtime.bundle import Bundle, ModelFacts
 from runtime.engine.config import EngineConfig
 from runtime.engine.graphs import decoder_facts, prefill_graph_path, prefill_graph_usable
@@ -67,11 +68,23 @@ class WarmUp:
 
     facts: ModelFacts
 
-    def feed(self) -> dict[str, NDArray[np.generic]]:
+    def feed(self, session: ort.InferenceSession) -> dict[str, NDArray[np.generic]]:
         facts, io = self.facts, self.facts.io
         empty = np.zeros((1, facts.num_kv_heads, 0, facts.head_dim), dtype=facts.kv_dtype)
         feed = {io.input_ids: np.zeros((1, 1), np.int64), io.attention_mask: np.ones((1, 1), np.int64)}
-        return feed | {past: empty for past, _ in io.cache_names(facts.num_layers)}
+        return feed | {past: empty for past, _ in io.cache_names(facts.num_layers)} | base_adapter_feed(session)
+
+
+def base_adapter_feed(session: ort.InferenceSession) -> dict[str, NDArray[np.generic]]:
+    """A graph taking LoRA adapters (runtime/adapters/layout.py) run as the base model: one zero slot, index 0."""
+    feed: dict[str, NDArray[np.generic]] = {}
+    for graph_input in session.get_inputs():
+        if graph_input.name == INDEX_INPUT:
+            feed[graph_input.name] = np.zeros(1, np.int64)
+        elif graph_input.name.startswith("adapters."):
+            _, inner, outer = graph_input.shape
+            feed[graph_input.name] = np.zeros((1, inner, outer), np.float32)
+    return feed
 
 
 _building: set[Future[ort.InferenceSession]] = set()
@@ -144,7 +157,7 @@ class SessionBuild:
             session = create_session(path, options)
             self.allocated = subtract(memory_map(), before)
             if warm_up is not None:
-                session.run(None, warm_up.feed())
+                session.run(None, warm_up.feed(session))
         except BaseException as exc:  # raised again by `result()` on the waiting thread
             self._done.set_exception(exc)
             return

@@ -1,0 +1,110 @@
+"""onnxfn's adapter file: one LoRA adapter, converted once by the packager, read by the runtime without torch.
+
+A safetensors file (the field's format for adapters) holding, per adapted `(layer, module)`,
+`layers.N.MODULE.a` `[in, rank]` and `layers.N.MODULE.b` `[rank, out]` in the adapter's own precision
+(float32 or float16), and in its metadata the format, rank, scale and the base it was validated against.
+The runtime packs it into a slot of the graph's stacked inputs (`pack`), scaling `b` in float32 there.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load_file, save_file
+
+from runtime.adapters.layout import AdapterLayout
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+FORMAT = "onnxfn-lora/1"
+SUFFIX = ".safetensors"
+
+
+class AdapterFileError(Exception):
+    """An adapter file that cannot be read, or that does not fit the bundle's adapter layout."""
+
+
+@dataclass(frozen=True)
+class AdapterFile:
+    rank: int
+    scale: float
+    base: dict[str, int | str]  # what it was validated against: architecture, hidden_size, num_layers
+    tensors: dict[str, NDArray[np.floating]]  # layers.N.MODULE.a / .b
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return tuple(sorted({key.split(".")[2] for key in self.tensors}))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+
+def write_adapter_file(path: Path, adapter: AdapterFile) -> None:
+    meta = {"format": FORMAT, "rank": str(adapter.rank), "scale": repr(adapter.scale), "base": json.dumps(adapter.base)}
+    save_file({k: np.ascontiguousarray(v) for k, v in sorted(adapter.tensors.items())}, str(path), metadata=meta)
+
+
+def read_adapter_file(path: Path) -> AdapterFile:
+    try:
+        with path.open("rb") as file:  # the metadata sits in the header: a little-endian u64 length, then JSON
+            header = json.loads(file.read(int.from_bytes(file.read(8), "little")))
+        meta = header.get("__metadata__") or {}
+        if meta.get("format") != FORMAT:
+            raise AdapterFileError(
+                f"{path.name} is not an onnxfn adapter file (format {meta.get('format')!r}); "
+                "convert a PEFT folder or GGUF LoRA with `pkg adapter add`"
+            )
+        tensors = load_file(str(path))
+        return AdapterFile(int(meta["rank"]), float(meta["scale"]), json.loads(meta["base"]), tensors)
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:
+        raise AdapterFileError(f"cannot read adapter file {path.name}: {exc}") from exc
+
+
+def misfit(adapter: AdapterFile, layout: AdapterLayout) -> str | None:
+    """Why `adapter` cannot be loaded into a graph with `layout`, or None when it fits."""
+    if adapter.rank > layout.rank:
+        return f"its rank {adapter.rank} exceeds the bundle's adapter rank {layout.rank}"
+    outside = [m for m in adapter.modules if m not in layout.modules]
+    if outside:
+        return f"it adapts {', '.join(outside)}; the bundle's graph takes adapters on {', '.join(layout.modules)}"
+    widths = {m.module: (p.in_features, m.stop - m.start) for p in layout.projections for m in p.modules}
+    for key, tensor in adapter.tensors.items():
+        _, layer, module, side = key.split(".")
+        if not 0 <= int(layer) < layout.num_layers:
+            return f"{key}: the base has {layout.num_layers} layers"
+        in_features, out_features = widths[module]
+        expected = (in_features, adapter.rank) if side == "a" else (adapter.rank, out_features)
+        if tensor.shape != expected:
+            return f"{key} is {list(tensor.shape)}, the base needs {list(expected)}"
+    return None
+
+
+def pack(adapter: AdapterFile, layout: AdapterLayout) -> dict[str, tuple[NDArray[np.float32], NDArray[np.float32]]]:
+    """The adapter as one slot of each graph input pair: `{A input name: (A [in, columns], B [columns, out])}`."""
+    problem = misfit(adapter, layout)
+    if problem is not None:
+        raise AdapterFileError(problem)
+    packed = {}
+    for layer in range(layout.num_layers):
+        for projection in layout.projections:
+            columns = layout.columns(projection)
+            a = np.zeros((projection.in_features, columns), np.float32)
+            b = np.zeros((columns, projection.out_features), np.float32)
+            for j, module in enumerate(projection.modules):
+                key = f"layers.{layer}.{module.module}"
+                if f"{key}.a" not in adapter.tensors:
+                    continue
+                first = j * layout.rank
+                a[:, first : first + adapter.rank] = adapter.tensors[f"{key}.a"]
+                b[first : first + adapter.rank, module.start : module.stop] = adapter.tensors[f"{key}.b"].astype(
+                    np.float32
+                ) * np.float32(adapter.scale)
+            packed[layout.input_names(layer, projection.name)[0]] = (a, b)
+    return packed

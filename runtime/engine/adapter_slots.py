@@ -1,0 +1,115 @@
+"""Resident LoRA adapters: slots of the stacked graph inputs every session binds once (runtime/adapters/layout.py).
+
+Slot 0 is the base (zeros, never written). A request's adapter is loaded into a slot when the scheduler admits
+it, and held there while the request runs; an adapter no request holds stays resident for the next one until
+its slot is needed, least recently used first. Loading writes into the bound buffers between steps (the engine
+thread both loads and runs), so no session is rebuilt and no step sees half an adapter.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from runtime.adapters.files import AdapterFile, pack
+from runtime.adapters.layout import INDEX_INPUT, AdapterLayout
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+
+@dataclass(frozen=True)
+class RequestAdapter:
+    """The adapter a request runs with, resolved (and read) when it was submitted."""
+
+    name: str
+    digest: str  # sha256:… of its file
+    weights: AdapterFile
+
+    @property
+    def namespace(self) -> bytes:
+        """What its prefix-cache entries are keyed under (kv_cache.block_keys)."""
+        return self.digest.encode()
+
+
+@dataclass(frozen=True)
+class AdapterLoad:
+    digest: str
+    seconds: float
+    nbytes: int
+
+
+class AdapterSlots:
+    def __init__(self, layout: AdapterLayout, capacity: int, pool_rows: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"max_adapters must be at least 1 for a bundle with adapters, got {capacity}")
+        self.layout = layout
+        self.capacity = capacity
+        self.inputs: dict[str, NDArray[np.float32]] = {}
+        for layer in range(layout.num_layers):
+            for projection in layout.projections:
+                a, b = layout.input_names(layer, projection.name)
+                columns = layout.columns(projection)
+                self.inputs[a] = np.zeros((capacity + 1, projection.in_features, columns), np.float32)
+                self.inputs[b] = np.zeros((capacity + 1, columns, projection.out_features), np.float32)
+        # The adapter slot of each KV pool row, bound as the graph's `adapter_index` (a view per row range).
+        self.rows = np.zeros(pool_rows, np.int64)
+        self._digests: list[str | None] = [None] * (capacity + 1)
+        self._holders = [0] * (capacity + 1)
+        self._used_at = [0.0] * (capacity + 1)
+        self.loads: list[AdapterLoad] = []  # the most recent loads, for stats (bounded)
+
+    @property
+    def index_input(self) -> str:
+        return INDEX_INPUT
+
+    def resident(self) -> dict[str, int]:
+        return {d: s for s, d in enumerate(self._digests) if d is not None}
+
+    def acquire(self, adapter: RequestAdapter) -> int | None:
+        """The slot holding `adapter`, loading it into a free or idle slot first; None while every slot is held
+        by running requests. The caller releases the slot when its request is done."""
+        slot = next((s for s, d in enumerate(self._digests) if d == adapter.digest), None)
+        if slot is None:
+            slot = self._free_slot()
+            if slot is None:
+                return None
+            self._load(slot, adapter.digest, adapter.weights)
+        self._holders[slot] += 1
+        self._used_at[slot] = time.monotonic()
+        return slot
+
+    def release(self, slot: int) -> None:
+        if slot > 0:
+            self._holders[slot] -= 1
+
+    def forget(self, digest: str) -> None:
+        """Drop a removed adapter: its slot is free for others once no request holds it."""
+        for slot, held in enumerate(self._digests):
+            if held == digest:
+                self._digests[slot] = None if self._holders[slot] == 0 else f"removed:{digest}"
+
+    def reset_holders(self) -> None:
+        """Every request was dropped (a failed step): no slot is held any more."""
+        self._holders = [0] * (self.capacity + 1)
+
+    def _free_slot(self) -> int | None:
+        idle = [s for s in range(1, self.capacity + 1) if self._holders[s] == 0]
+        if not idle:
+            return None
+        empty = [s for s in idle if self._digests[s] is None]
+        return empty[0] if empty else min(idle, key=lambda s: self._used_at[s])
+
+    def _load(self, slot: int, digest: str, adapter: AdapterFile) -> None:
+        started = time.perf_counter()
+        self._digests[slot] = None  # until written in full
+        packed = pack(adapter, self.layout)
+        for a_name, (a, b) in packed.items():
+            b_name = a_name[: -len(".A")] + ".B"
+            self.inputs[a_name][slot] = a
+            self.inputs[b_name][slot] = b
+        self._digests[slot] = digest
+        self.loads = [*self.loads[-15:], AdapterLoad(digest, time.perf_counter() - started, adapter.nbytes)]
