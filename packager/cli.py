@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "bench",
     "push",
     "rollback",
+    "adapter",
     "completion",
 )
 # One example per command, shown under its --help (a test checks every command has one).
@@ -52,6 +53,7 @@ EXAMPLES = {
     "bench": "pkg bench cold functions/smollm2-chat",
     "push": "pkg push functions/smollm2-chat --device http://10.0.0.2:8470",
     "rollback": "pkg rollback functions/smollm2-chat --device http://10.0.0.2:8470",
+    "adapter": "pkg adapter add functions/smollm2-chat upper adapters/upper",
     "completion": "pkg completion bash > ~/.local/share/bash-completion/completions/pkg",
 }
 EXIT_CODES = "exit codes: 0 success, 1 failure (build, deploy, network), 2 usage or spec error"

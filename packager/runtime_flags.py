@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from packager.spec import FunctionSpec
+
+ADAPTER_DIR_FLAG = "--adapter-dir"
 
 
 def server_flags(spec: FunctionSpec) -> list[str]:
@@ -33,3 +37,16 @@ def server_flags(spec: FunctionSpec) -> list[str]:
     if rt.system_prompt:
         flags += ["--system-prompt", rt.system_prompt]
     return flags
+
+
+def adapter_flags(spec: FunctionSpec, adapter_dir: Path) -> list[str]:
+    """For a bundle whose graph takes LoRA adapters: where adapters added at run time are kept (they survive a
+    restart there), and how many are resident at once (`[runtime] max_adapters`)."""
+    return [ADAPTER_DIR_FLAG, str(adapter_dir), "--max-adapters", str(spec.runtime.max_adapters)]
+
+
+def adapter_dir_of(command: tuple[str, ...] | list[str]) -> Path | None:
+    """The `--adapter-dir` a server was started with, None when it has none."""
+    if ADAPTER_DIR_FLAG in command[:-1]:
+        return Path(command[list(command).index(ADAPTER_DIR_FLAG) + 1])
+    return None

@@ -75,6 +75,9 @@ class SnapshotKey:
     api_key_env_digest: str
     # The prepacked graphs' record (runtime/engine/prepacked.py): the process maps their files.
     prepacked_digest: str = ""
+    # The adapters added to the server (its `--adapter-dir`): the catalog it read at start lives in its memory,
+    # so a snapshot taken before `pkg adapter add`/`remove` would not know of the change.
+    adapters_digest: str = ""
 
     @classmethod
     def current(

@@ -9,11 +9,13 @@ back, is reported in the record's note and the server starts fresh instead; a fr
 
 from __future__ import annotations
 
+import hashlib
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from packager.runtime_flags import adapter_dir_of
 from packager.targets.base import STOP_TIMEOUT
 from packager.targets.local import process_snapshot, server_process
 from packager.targets.local.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
@@ -104,7 +106,22 @@ def snapshot_key(
 ) -> SnapshotKey:
     env_name = api_key.location if api_key.source == "env" else None
     digest = PrepackedGraphs(prepacked).digest() if prepacked is not None else ""
-    return SnapshotKey.current(bundle_digest, command, criu.version, env_name, digest, environ)
+    key = SnapshotKey.current(bundle_digest, command, criu.version, env_name, digest, environ)
+    return replace(key, adapters_digest=adapters_digest(command))
+
+
+def adapters_digest(command: tuple[str, ...]) -> str:
+    """What the adapter files in the server's `--adapter-dir` are now (names, sizes, times); "" without one.
+
+    An adapter is written to a temporary name and renamed into place, so any change shows in these."""
+    directory = adapter_dir_of(command)
+    if directory is None or not directory.is_dir():
+        return ""
+    files = sorted(p for p in directory.glob("*.safetensors") if not p.name.startswith("."))
+    if not files:
+        return ""
+    listing = "\n".join(f"{p.name} {p.stat().st_size} {p.stat().st_mtime_ns}" for p in files)
+    return hashlib.sha256(listing.encode()).hexdigest()
 
 
 def server_url(host: str, port: int) -> str:

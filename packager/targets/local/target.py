@@ -32,7 +32,7 @@ from packager.logs import file_lines
 from packager.paths import build_dir, bundle_dir
 from packager.processes import precompile_runtime
 from packager.progress import StepProgress
-from packager.runtime_flags import server_flags
+from packager.runtime_flags import adapter_flags, server_flags
 from packager.spec import FunctionSpec
 from packager.targets.base import READY_TIMEOUT, STOP_TIMEOUT, HttpEndpoint, LogLine, Removal, Target, TargetStatus
 from packager.targets.local import inventory, lock, process_snapshot, server_process, starting, store
@@ -40,12 +40,13 @@ from packager.targets.local.process_snapshot import Criu, SnapshotKey, SnapshotU
 from packager.targets.local.records import ApiKey, LocalDeployed, LocalDeployment, LocalPlan, ServerState
 from packager.targets.local.starting import Launch, StartFailed
 from packager.targets.local.store import TARGET, state_dir
-from runtime.bundle import BundleError, open_bundle, read_manifest
+from runtime.bundle import BundleError, Manifest, open_bundle, read_manifest
 from runtime.engine.graphs import bundle_graphs
 from runtime.engine.prepacked import PrepackedGraphs
 
 LOG_FILE = "server.log"
 KEY_FILE = "api-key"
+ADAPTER_DIR = "adapters"  # adapters added with `pkg adapter add`, in the state folder: they outlive the server
 PREPACKED_DIR = "prepacked"
 PROMPT_GRAPH_WAIT = 60.0
 _stderr = Console(stderr=True)
@@ -82,7 +83,9 @@ def plan(spec: FunctionSpec) -> LocalPlan:
         port=spec.targets.local.port,
         state_dir=directory,
         api_key=api_key,
-        server_flags=tuple(server_flags(spec) + api_key.server_flags() + _prepacked_flags(prepacked)),
+        server_flags=tuple(
+            server_flags(spec) + api_key.server_flags() + _prepacked_flags(prepacked) + _adapter_flags(spec, manifest)
+        ),
         function_dir=spec.directory.resolve(),
         process_snapshot=spec.targets.local.process_snapshot,
         prepacked=prepacked,
@@ -90,6 +93,16 @@ def plan(spec: FunctionSpec) -> LocalPlan:
         max_waking_requests=spec.targets.local.max_waking_requests,
         legacy_dirs=tuple(found for found, _ in store.found(spec) if found.resolve() != directory),
     )
+
+
+def _adapter_flags(spec: FunctionSpec, manifest: Manifest) -> list[str]:
+    """Only for a bundle whose graph takes adapters: the others' command (and process snapshot) stays as it was."""
+    return adapter_flags(spec, adapter_dir(spec)) if manifest.adapters else []
+
+
+def adapter_dir(spec: FunctionSpec) -> Path:
+    """Where the local server keeps the adapters `pkg adapter add` gave it (kept by redeploys and `destroy`)."""
+    return state_dir(spec).resolve() / ADAPTER_DIR
 
 
 def _prepacked_flags(directory: Path | None) -> list[str]:
