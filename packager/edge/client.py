@@ -101,6 +101,18 @@ class AgentClient:
     def install(self, upload_id: str) -> dict[str, Any]:
         return self._request("POST", f"/agent/uploads/{upload_id}/install", timeout=INSTALL_TIMEOUT).json()
 
+    def adapters(self) -> list[dict[str, Any]]:
+        """The adapters the served bundle knows (`GET /v1/adapters`' rows)."""
+        return list(self._request("GET", "/agent/adapters").json().get("data", []))
+
+    def put_adapter(self, name: str, data: bytes, digest: str) -> dict[str, Any]:
+        headers = {"X-Onnxfn-Digest": digest, "Content-Type": "application/octet-stream"}
+        response = self._request("PUT", f"/agent/adapters/{name}", content=data, headers=headers)
+        return _json(response)
+
+    def delete_adapter(self, name: str) -> dict[str, Any]:
+        return _json(self._request("DELETE", f"/agent/adapters/{name}"))
+
     def rollback(self) -> dict[str, Any]:
         return self._request("POST", "/agent/rollback", timeout=INSTALL_TIMEOUT).json()
 
@@ -130,6 +142,9 @@ class AgentClient:
             )
         if response.status_code == 422:
             raise AgentError(self.url, "refused", f"the agent refused the bundle: {message}")
+        if path.startswith("/agent/adapters") and response.status_code in (400, 404, 409, 413):
+            code = _error_code(response)
+            raise AgentError(self.url, "refused", f"{method} {path} refused ({response.status_code} {code}): {message}")
         raise AgentError(self.url, "failed", f"{method} {path} answered {response.status_code}: {message}")
 
 
@@ -138,3 +153,18 @@ def _error_message(response: httpx.Response) -> str:
         return str(response.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return response.text[:300] or response.reason_phrase
+
+
+def _error_code(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["code"] or "error")
+    except (ValueError, KeyError, TypeError):
+        return "error"
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}

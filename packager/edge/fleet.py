@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from packager.edge.archive import BundleArchive
 from packager.edge.client import AgentClient, AgentError, DeviceAuth
@@ -21,7 +22,8 @@ Progress = Callable[[str, str, int, int], None]
 @dataclass(frozen=True)
 class DeviceResult:
     device: str
-    outcome: str  # installed, unchanged, rolled_back, refused, unreachable, unauthorized, tls, failed
+    # installed, unchanged, rolled_back, added, removed, listed; refused, unreachable, unauthorized, tls, failed
+    outcome: str
     digest: str = ""  # what the device serves afterwards, when known
     resumed_from: int = 0
     sent: int = 0
@@ -31,7 +33,7 @@ class DeviceResult:
 
     @property
     def ok(self) -> bool:
-        return self.outcome in ("installed", "unchanged", "rolled_back")
+        return self.outcome in ("installed", "unchanged", "rolled_back", "added", "removed", "listed")
 
 
 def push(
@@ -42,6 +44,43 @@ def push(
 
 def rollback(devices: Sequence[str], auth: DeviceAuth, progress: Progress) -> list[DeviceResult]:
     return _fan_out(devices, lambda device: _rollback_one(device, auth, progress))
+
+
+def add_adapter(
+    devices: Sequence[str], name: str, data: bytes, digest: str, auth: DeviceAuth, progress: Progress
+) -> list[DeviceResult]:
+    """Send one adapter file to every device's agent (which checks `digest`, stores it and serves it at once)."""
+
+    def one(device: str) -> DeviceResult:
+        with AgentClient(device, auth) as client:
+            progress(device, "adapter", 0, len(data))
+            started = time.perf_counter()
+            client.put_adapter(name, data, digest)
+            progress(device, "done", len(data), len(data))
+            return DeviceResult(device, "added", digest, sent=len(data), upload_seconds=time.perf_counter() - started)
+
+    return _fan_out(devices, one)
+
+
+def remove_adapter(devices: Sequence[str], name: str, auth: DeviceAuth) -> list[DeviceResult]:
+    def one(device: str) -> DeviceResult:
+        with AgentClient(device, auth) as client:
+            client.delete_adapter(name)
+            return DeviceResult(device, "removed")
+
+    return _fan_out(devices, one)
+
+
+def list_adapters(devices: Sequence[str], auth: DeviceAuth) -> list[tuple[DeviceResult, list[dict[str, Any]]]]:
+    """Each device's adapters; a device that cannot be asked has none and says why in its result."""
+    found: dict[str, list[dict[str, Any]]] = {}
+
+    def one(device: str) -> DeviceResult:
+        with AgentClient(device, auth) as client:
+            found[device] = client.adapters()
+            return DeviceResult(device, "listed")
+
+    return [(result, found.get(result.device, [])) for result in _fan_out(devices, one)]
 
 
 def _fan_out(devices: Sequence[str], work: Callable[[str], DeviceResult]) -> list[DeviceResult]:

@@ -88,6 +88,10 @@ def build_app(args: argparse.Namespace, token: str | None, api_key: str | None) 
 
     root = BundleRoot(args.bundle_root.resolve())
     root.prepare()
+    # Adapters added with `pkg adapter add --device` live beside the bundles, not in one: every bundle served
+    # gets this folder as its `--adapter-dir`, so they outlive swaps, rollbacks and restarts.
+    if getattr(args, "adapter_dir", None) is None:
+        args.adapter_dir = root.adapters
     slot = ServingSlot()
     options = ServingOptions(args, api_key, args.max_body_bytes, args.smoke_timeout)
     installer = Installer(
@@ -105,7 +109,7 @@ def build_app(args: argparse.Namespace, token: str | None, api_key: str | None) 
         if slot.current is not None:
             slot.current.shutdown()
 
-    control = control_app(agent_routes(installer, BearerAuth(token), args.drain_timeout), lifespan)
+    control = control_app(agent_routes(installer, BearerAuth(token), args.drain_timeout, api_key), lifespan)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" or scope.get("path", "").startswith(AGENT_PREFIX):

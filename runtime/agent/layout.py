@@ -7,6 +7,8 @@ ROOT/bundles/NAME/               complete, verified bundles (NAME = the manifest
 ROOT/current -> bundles/NAME     what is served
 ROOT/previous -> bundles/NAME    what `rollback` returns to
 ROOT/verified/                   the runtime's hash records (`runtime.verified`), so a restart skips rehashing
+ROOT/adapters/NAME.safetensors   LoRA adapters added without a bundle (`pkg adapter add --device`), kept across
+                                 swaps: written by the served runtime (temporary name, fsync, rename)
 ```
 
 A folder only enters `bundles/` by rename(2) after every file in it was fsynced, and `current` only ever
@@ -36,13 +38,16 @@ class BundleRoot:
         self.bundles = root / "bundles"
         self.verified = root / "verified"
         self.history_file = root / "history.jsonl"
+        self.adapters = root / "adapters"
 
     def prepare(self) -> None:
         """Create the folders and drop what a crash can leave behind: half-unpacked folders and temp links."""
-        for folder in (self.uploads, self.staging, self.bundles, self.verified):
+        for folder in (self.uploads, self.staging, self.bundles, self.verified, self.adapters):
             folder.mkdir(parents=True, exist_ok=True)
         for leftover in self.staging.iterdir():
             _remove(leftover)
+        for leftover in self.adapters.glob(".incoming-*"):  # an adapter a crash cut short (runtime.adapters.catalog)
+            leftover.unlink(missing_ok=True)
         for leftover in self.root.glob(".*.tmp-*"):
             leftover.unlink(missing_ok=True)
         self.collect_garbage()

@@ -6,6 +6,11 @@
 - `POST /agent/uploads/{sha256}/install`: verify, unpack, load, smoke-test and switch (see `install`).
 - `POST /agent/rollback`: serve the previous bundle again.
 - `GET /agent/status`: agent version, health, current and previous bundles, install phase, history.
+- `GET /agent/adapters`, `PUT /agent/adapters/{name}` (the adapter file's bytes, `X-Onnxfn-Digest: sha256:HEX`),
+  `DELETE /agent/adapters/{name}`: LoRA adapters added without a new bundle (`pkg adapter add --device`). The
+  agent checks the digest itself, then hands the request to the served bundle's own `/v1/adapters` route:
+  its runtime writes the file atomically into the agent's adapter folder (`ROOT/adapters`, every bundle's
+  `--adapter-dir`, so added adapters outlive bundle swaps and restarts) and serves it at once.
 
 Errors use the OpenAI shape the rest of the runtime speaks: `{"error": {"message", "type", "param", "code"}}`.
 """
@@ -13,6 +18,7 @@ Errors use the OpenAI shape the rest of the runtime speaks: `{"error": {"message
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -25,18 +31,24 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runtime.adapters.layout import NAME, NAME_RULE
 from runtime.agent.install import Installer, InstallRefused
 from runtime.agent.layout import CURRENT, PREVIOUS
 from runtime.agent.uploads import ContentRange, UploadError, checked_id
-from runtime.api.errors import APIError
+from runtime.api.errors import APIError, unavailable
 from runtime.http.auth import BearerAuth
 
 WRITE_BATCH = 1 << 20  # bytes gathered before one write, so the event loop is not stalled per network read
 LOCK_WAIT = 30.0  # seconds a chunk waits for the previous chunk of the same upload (a dead client's) to end
+MAX_ADAPTER_BYTES = 2 << 30  # an adapter file is a few MB; a rank-256 one on a large base, a few hundred
+DIGEST_HEADER = "x-onnxfn-digest"
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def agent_routes(installer: Installer, auth: BearerAuth, drain_timeout: float) -> list[Route]:
+def agent_routes(
+    installer: Installer, auth: BearerAuth, drain_timeout: float, api_key: str | None = None
+) -> list[Route]:
+    """`api_key`: the served bundle's /v1 key, which the adapter routes send when they hand a request on."""
     uploads = installer.uploads
     locks: dict[str, asyncio.Lock] = {}
     started = time.time()
@@ -107,14 +119,81 @@ def agent_routes(installer: Installer, auth: BearerAuth, drain_timeout: float) -
             }
         )
 
+    async def list_adapters(request: Request) -> Response:
+        return await _to_runtime(installer, api_key, "GET", "/v1/adapters")
+
+    async def put_adapter(request: Request) -> Response:
+        name = _adapter_name(request)
+        digest = request.headers.get(DIGEST_HEADER, "")
+        if not digest.startswith("sha256:"):
+            raise APIError(400, "send the adapter file's digest as X-Onnxfn-Digest: sha256:HEX", code="invalid_adapter")
+        data = await _bounded_body(request, MAX_ADAPTER_BYTES)
+        actual = "sha256:" + hashlib.sha256(data).hexdigest()
+        if actual != digest:
+            raise APIError(
+                400,
+                f"the adapter's bytes hash to {actual}, not the {digest} sent with them; resend",
+                code="digest_mismatch",
+            )
+        headers = {"X-Onnxfn-Digest": digest, "Content-Type": "application/octet-stream"}
+        return await _to_runtime(installer, api_key, "PUT", f"/v1/adapters/{name}", data, headers)
+
+    async def delete_adapter(request: Request) -> Response:
+        return await _to_runtime(installer, api_key, "DELETE", f"/v1/adapters/{_adapter_name(request)}")
+
     upload_path = "/agent/uploads/{upload_id}"
+    adapter_path = "/agent/adapters/{name}"
     return [
+        Route("/agent/adapters", guarded(list_adapters), methods=["GET"]),
+        Route(adapter_path, guarded(put_adapter), methods=["PUT"]),
+        Route(adapter_path, guarded(delete_adapter), methods=["DELETE"]),
         Route(upload_path, guarded(head_upload), methods=["HEAD"]),
         Route(upload_path, guarded(put_chunk), methods=["PUT"]),
         Route(upload_path + "/install", guarded(install), methods=["POST"]),
         Route("/agent/rollback", guarded(rollback), methods=["POST"]),
         Route("/agent/status", guarded(status), methods=["GET"]),
     ]
+
+
+def _adapter_name(request: Request) -> str:
+    name = str(request.path_params["name"])
+    if not NAME.match(name):
+        raise APIError(400, f"adapter name {name!r} is not valid: {NAME_RULE}", code="invalid_adapter")
+    return name
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes:
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise APIError(413, f"an adapter file is at most {limit} bytes here", code="too_large")
+    return bytes(body)
+
+
+async def _to_runtime(
+    installer: Installer,
+    api_key: str | None,
+    method: str,
+    path: str,
+    content: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    """The served bundle's answer to `method path`, asked in-process through its own HTTP app (same checks,
+    same atomic write, same errors as a client of `python -m runtime serve` gets)."""
+    import httpx  # only the adapter routes need it
+
+    if installer.slot.current is None:
+        message = installer.slot.problem or "no bundle is installed on this device yet: push one with `pkg push`"
+        raise unavailable(f"no bundle is serving here, so it has no adapters to change or list: {message}")
+    sent = dict(headers or {})
+    if api_key:
+        sent["Authorization"] = f"Bearer {api_key}"
+    transport = httpx.ASGITransport(app=installer.slot)
+    async with httpx.AsyncClient(transport=transport, base_url="http://agent", timeout=None) as client:
+        answer = await client.request(method, path, content=content, headers=sent)
+    kept = {k: v for k, v in answer.headers.items() if k.lower() in ("content-type", "retry-after")}
+    return Response(answer.content, status_code=answer.status_code, headers=kept)
 
 
 def control_app(routes: list[Route], lifespan: Callable[[Starlette], object]) -> Starlette:
