@@ -140,9 +140,8 @@ def test_agent_refuses_bad_digests_tokens_and_a_device_without_a_bundle(
     project.select(a)
     token = tmp_path / "token-file"
     token.write_text(TOKEN)
-    with AgentClient(device.url, DeviceAuth(TOKEN)) as client:
-        with pytest.raises(AgentError, match="no bundle is serving"):
-            client.adapters()
+    with AgentClient(device.url, DeviceAuth(TOKEN)) as client, pytest.raises(AgentError, match="no bundle is serving"):
+        client.adapters()
     edge = ("--device", device.url, "--token-file", str(token))
     with pytest.raises(UserError, match="no bundle is serving"):
         pkg(project, monkeypatch, "adapter", "add", project.function, "qv", str(peft_qv), *edge)
