@@ -339,8 +339,10 @@ class _Local:
 def _bundled_row(spec: FunctionSpec, manifest: Manifest, name: str) -> dict[str, Any]:
     file = str((manifest.adapters or {})["bundled"][name])
     entry = manifest.files.get(file)
-    digest = f"sha256:{entry.sha256}" if entry is not None and not entry.sha256.startswith("sha256:") else ""
-    return _row(spec, name, digest or (entry.sha256 if entry else ""), entry.size if entry else 0, bundled=True)
+    if entry is None:
+        return _row(spec, name, "", 0, bundled=True)
+    digest = entry.sha256 if entry.sha256.startswith("sha256:") else f"sha256:{entry.sha256}"
+    return _row(spec, name, digest, entry.size, bundled=True)
 
 
 def _row(spec: FunctionSpec, name: str, digest: str, size: int, *, bundled: bool) -> dict[str, Any]:

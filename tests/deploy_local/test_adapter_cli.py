@@ -204,3 +204,23 @@ def test_process_snapshot_restores_with_the_adapters_added_since(lora_space: Wor
     _ok(space, "deploy", function, "--target", "local")  # the snapshot taken with `qv` is resumed
     assert space.state(NAME)["start"] == "restored", space.state(NAME)
     assert _reply(space, f"{NAME}:qv") == adapted
+
+
+def test_an_idle_function_gets_the_adapter_when_it_wakes(
+    lora_space: Workspace, peft: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from packager.targets.local import idle
+
+    space, function = lora_space, f"functions/{NAME}"
+    _ok(space, "deploy", function, "--target", "local")
+    monkeypatch.setenv(KEY_ENV, KEY)
+    assert idle.suspend(space.state_dir(NAME)) is not None  # what the gateway does after idle_timeout
+
+    out = _ok(space, "adapter", "add", function, "qv", str(peft["qv"]))
+    assert "the server is idle" in out
+    assert _listed(space)["qv"]["resident"] is False
+
+    idle.resume(space.state_dir(NAME))  # what the gateway does on the next request
+    assert _reply(space, f"{NAME}:qv") != _reply(space, NAME)
+    out = _ok(space, "adapter", "remove", function, "qv")
+    assert "no longer serves it" in out
