@@ -85,7 +85,8 @@ class Gateway:
         headers = Headers(scope=scope)
         try:
             body = await read_body(receive)
-            model = _model(body, headers.get("content-type"))
+            # `FUNCTION:ADAPTER` is the function's own business (its server checks the adapter): route by FUNCTION.
+            model = _model(body, headers.get("content-type")).split(":", 1)[0]
             function = await self.route(model, headers.get("authorization"))
             woke = await self.lifecycle.ready(function)
             await relay(function, scope, receive, send, body, woke)

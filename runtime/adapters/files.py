@@ -54,7 +54,10 @@ def write_adapter_file(path: Path, adapter: AdapterFile) -> None:
 def read_adapter_file(path: Path) -> AdapterFile:
     try:
         with path.open("rb") as file:  # the metadata sits in the header: a little-endian u64 length, then JSON
-            header = json.loads(file.read(int.from_bytes(file.read(8), "little")))
+            length = int.from_bytes(file.read(8), "little")
+            if not 0 < length <= path.stat().st_size - 8:
+                raise ValueError(f"its header claims {length} bytes; the file holds {path.stat().st_size}")
+            header = json.loads(file.read(length))
         meta = header.get("__metadata__") or {}
         if meta.get("format") != FORMAT:
             raise AdapterFileError(
