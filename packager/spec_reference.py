@@ -43,6 +43,11 @@ KEY_DOCS: dict[str, str] = {
     "(sensitive layers kept fp32), fp32; it keeps the first whose measured quality stays inside `[export.quality]` "
     "(and measures int8 beside a chosen gguf). `int8-nbits` (MatMulNBits 8-bit, encoders) is smaller than fp32 "
     "but slower on CPUs without VNNI: an explicit choice.",
+    "export.adapter_modules": "The projections the graph takes LoRA adapters on (empty: those the `[[adapters]]` "
+    "target). Set it to add adapters to a running endpoint later (`pkg adapter add`) that the bundle's own do not "
+    "cover; each adapted projection adds a small fp32 matmul pair per layer (docs/adapters.md).",
+    "export.adapter_rank": "The largest LoRA rank the graph takes (0: the largest of the `[[adapters]]`, 16 without "
+    "any); smaller ranks are zero-padded, exactly.",
     "export.block_size": "Quantization block size of int4/int8 MatMulNBits weights (smaller = more accurate, larger "
     "file); `gguf` keeps the file's own blocks.",
     "export.accuracy_level": "MatMulNBits compute type: 1 fp32, 2 fp16, 3 bf16, 4 int8 activations.",
@@ -102,6 +107,9 @@ KEY_DOCS: dict[str, str] = {
     "runtime.providers": "Execution providers in order of preference.",
     "runtime.system_prompt": "Default system message; its KV (alone, and followed by the opening of a user turn) "
     "is computed at build time and restored at start (the cold-start snapshot).",
+    "runtime.max_adapters": "LoRA adapters resident at once, each in a slot of the graph's adapter inputs; a request "
+    "holds its adapter's slot while it runs, and a new adapter evicts the least recently used idle one "
+    "(docs/adapters.md).",
     "runtime.sampling": "Defaults for requests that do not set these parameters.",
     "runtime.sampling.temperature": "Default temperature (0 = greedy).",
     "runtime.sampling.top_p": "Default nucleus-sampling mass.",
@@ -213,6 +221,13 @@ KEY_DOCS: dict[str, str] = {
     "image.platforms": "Platforms to build.",
     "image.registry": "`HOST[:PORT]/REPOSITORY[:TAG]` to push to; credentials come from the environment.",
     "image.tag": "Tag of the pushed image.",
+    "adapters": "LoRA adapters served as `model: \"FUNCTION:NAME\"`, each `[[adapters]]` with a `name` and a "
+    "`source`: a PEFT folder (adapter_config.json + adapter_model.safetensors) or a llama.cpp GGUF LoRA file, "
+    "relative to the function folder. `pkg build` checks each against the base, converts it once into the bundle "
+    "and records its parity with PyTorch + PEFT and its quality on the chosen precision in quality.json "
+    "(docs/adapters.md).",
+    "adapters.name": "What clients append to the function's name: `model: \"FUNCTION:NAME\"`.",
+    "adapters.source": "A PEFT folder or a GGUF LoRA file, relative to the function folder.",
 }
 
 
@@ -240,6 +255,10 @@ TASK_KEYS: dict[str, tuple[str, ...]] = {
     "runtime.decode": GENERATIVE,
     "runtime.prefill_matmuls": GENERATIVE,
     "runtime.system_prompt": GENERATIVE,
+    "runtime.max_adapters": GENERATIVE,
+    "export.adapter_modules": GENERATIVE,
+    "export.adapter_rank": GENERATIVE,
+    "adapters": GENERATIVE,
     "runtime.sampling": GENERATIVE,
     "endpoint.max_tokens": GENERATIVE,
     "targets.local.prepack": GENERATIVE,
@@ -310,6 +329,9 @@ def _walk(cls: type, prefix: str) -> Iterator[SpecKey]:
 
 
 def _section_type(hint: Any) -> type | None:
+    """The table type of a section: `Section`, `Section | None`, or an array of tables' `list[Section]`."""
+    if typing.get_origin(hint) is list:
+        hint = typing.get_args(hint)[0]
     members = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     tables = [t for t in members if hasattr(t, "__dataclass_fields__")]
     return tables[0] if tables else None

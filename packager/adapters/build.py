@@ -77,8 +77,8 @@ def graph_plan(spec: FunctionSpec, declared: list[DeclaredAdapter]) -> tuple[tup
     modules = tuple(spec.export.adapter_modules) or tuple(dict.fromkeys(m for a in declared for m in a.weights.modules))
     if not modules:
         return None
-    largest = max((a.weights.rank for a in declared), default=DEFAULT_RANK)
-    rank = spec.export.adapter_rank or largest
+    largest = max((a.weights.rank for a in declared), default=0)
+    rank = spec.export.adapter_rank or largest or DEFAULT_RANK
     if rank < largest:
         raise UserError(f"export.adapter_rank = {rank} is below the rank of a declared adapter ({largest})")
     return modules, rank
