@@ -9,6 +9,8 @@ its digest:
   gateway stopped as idle gets the file in that folder, under the function's lock: its next start serves it.
 - `--device URL[,URL…]` (`--target edge`): to each edge agent (`PUT /agent/adapters/NAME`, the push token), which
   checks the digest and hands it to the bundle it serves; it stays across bundle swaps.
+- `--target aws-lambda|aws-sagemaker`: to the function's adapter store in its bucket (packager/targets/aws/adapters.py),
+  which each execution environment or instance fetches and verifies when it starts.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from runtime.bundle import Manifest
 
 console = Console()
 err_console = Console(stderr=True)
-TARGETS = ("local", "edge")
+AWS_TARGETS = ("aws-lambda", "aws-sagemaker")  # packager/targets/aws/adapters.py, imported when used
+TARGETS = ("local", "edge", *AWS_TARGETS)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -77,8 +80,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def _target(args: argparse.Namespace) -> str:
     chosen: str = args.target or ("edge" if args.device else "local")
-    if chosen == "local" and args.device:
-        raise UserError("--device sends to edge agents: drop --target local, or drop --device", exit_code=2)
+    if chosen != "edge" and args.device:
+        raise UserError(f"--device sends to edge agents: drop --target {chosen}, or drop --device", exit_code=2)
     return chosen
 
 
@@ -99,6 +102,22 @@ def run_add(args: argparse.Namespace) -> int:
         _device_table(f"adapter add {spec.name}:{prepared.name}", results, prepared)
         _say_model(spec, prepared.name)
         return _failures(results)
+    if _target(args) in AWS_TARGETS:
+        from packager.targets.aws import adapters as aws_adapters
+
+        store = aws_adapters.AdapterStore.of(spec, _target(args))
+        store.check_deployed()
+        prepared = _convert(args.name, args.source, *bundle_layout(bundle_dir(spec), spec.directory))
+        store.add(prepared)
+        granted = store.grant_read()
+        console.print(
+            f"added adapter [bold]{prepared.name}[/] ({prepared.digest[:19]}…, {_mb(len(prepared.data))}) to "
+            f"{store.where}" + ("" if granted else f" (no role {store.role} to give read access to yet)"),
+            highlight=False,
+        )
+        console.print(aws_adapters.next_start(spec, store.target), highlight=False, markup=False)
+        _say_model(spec, prepared.name)
+        return 0
     local = _Local(spec)
     prepared = _convert(args.name, args.source, *local.layout())
     where = local.add(prepared)
@@ -131,6 +150,14 @@ def run_remove(args: argparse.Namespace) -> int:
         results = remove_adapter(options.devices, args.name, options.auth)
         _device_table(f"adapter remove {spec.name}:{args.name}", results, None)
         return _failures(results)
+    if _target(args) in AWS_TARGETS:
+        from packager.targets.aws import adapters as aws_adapters
+
+        store = aws_adapters.AdapterStore.of(spec, _target(args))
+        store.remove(args.name)
+        console.print(f"removed adapter [bold]{args.name}[/] from {store.where}", highlight=False)
+        console.print(aws_adapters.next_start(spec, store.target), highlight=False, markup=False)
+        return 0
     where = _Local(spec).remove(args.name)
     console.print(f"removed adapter [bold]{args.name}[/] from {spec.name}: {where}", highlight=False)
     return 0
@@ -146,6 +173,12 @@ def run_list(args: argparse.Namespace) -> int:
         found = list_adapters(options.devices, options.auth)
         rows = [{"device": result.device, **row} for result, adapters in found for row in adapters]
         failed = [result for result, _ in found if not result.ok]
+    elif _target(args) in AWS_TARGETS:
+        from packager.targets.aws import adapters as aws_adapters
+
+        manifest, _ = bundle_layout(bundle_dir(spec), spec.directory)
+        bundled = [_bundled_row(spec, manifest, name) for name in bundled_names(manifest)]
+        rows, failed = bundled + aws_adapters.rows(aws_adapters.AdapterStore.of(spec, _target(args))), []
     else:
         rows, failed = _Local(spec).adapters(), []
     if args.json:

@@ -74,13 +74,16 @@ class LambdaFunction:
         return process_sqs_batch(records, self.queue, time_left=time_left, loop=self.loop)
 
     def after_restore(self) -> None:
-        """A SnapStart restore: AWS clients get this environment's credentials, clocks start from now."""
+        """A SnapStart restore: AWS clients get this environment's credentials, clocks start from now, and the
+        adapter store is read again (it may have changed since the snapshot)."""
+        from runtime.aws_lambda.adapter_fetch import resync_adapters
         from runtime.events.loading import result_store
 
         self.queue.results = result_store(self.args)
         now = int(time.time())
         for service in self.services:
             service.created = now
+        resync_adapters(self.engine)
 
     @property
     def services(self) -> tuple[ModelService, ModelService]:

@@ -62,7 +62,9 @@ def loaded_function() -> LambdaFunction:
         if LOG_LEVEL_ENV not in os.environ:  # awslambdaric leaves the root at WARNING: keep the start-up timeline
             logging.getLogger("runtime").setLevel(logging.INFO)
         args = lambda_arguments(environment_flags())
-        pending = begin_handler(_bundle(args), args)
+        bundle = _bundle(args)
+        _adapters(args, bundle)
+        pending = begin_handler(bundle, args)
         # The HTTP and queue stack imports (~0.2 s) while the model's session builds: this module imports
         # none of it, so that the build begins first.
         from runtime.aws_lambda.function import LambdaFunction
@@ -84,6 +86,15 @@ def _bundle(args: argparse.Namespace) -> Path:
         bundle = fetch_bundle(os.environ[BUNDLE_S3_ENV], os.environ.get(BUNDLE_DIGEST_ENV, ""))
     args.no_verify = True  # every file was hashed on its way from S3: hashing it again would only repeat that
     return bundle
+
+
+def _adapters(args: argparse.Namespace, bundle: Path) -> None:
+    """Adapters added with `pkg adapter add --target aws-lambda`: fetched into /tmp and verified, for the engine."""
+    from runtime.aws_lambda.adapter_fetch import LAMBDA, fetch_adapters
+    from runtime.timeline import TIMELINE
+
+    with TIMELINE.phase("adapter_fetch"):
+        fetch_adapters(args, bundle, target=LAMBDA)
 
 
 class _FlagsParser(argparse.ArgumentParser):

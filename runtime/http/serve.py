@@ -107,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
     model_name = args.model_name or manifest.function
 
     def load() -> Engine:
+        if args.sagemaker:  # adapters added with `pkg adapter add --target aws-sagemaker`, from the function's bucket
+            from runtime.aws_lambda.adapter_fetch import SAGEMAKER, fetch_adapters
+
+            fetch_adapters(args, args.bundle, target=SAGEMAKER)
         engine = load_model(args.bundle, manifest, args)
         served = model_name if manifest.encoder is None else f"{manifest.task} of {model_name}"
         elapsed = time.monotonic() - RUNTIME_IMPORTED
