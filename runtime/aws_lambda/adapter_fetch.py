@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.adapters.files import SUFFIX, AdapterFileError, misfit, read_adapter_file
 from runtime.adapters.layout import NAME, AdapterLayout
 from runtime.bundle import BundleError, Manifest, read_manifest
 
@@ -50,6 +49,7 @@ DEFAULT_ADAPTER_CACHE = "/tmp/onnxfn-adapters"
 INDEX_NAME = "index.json"
 INDEX_FORMAT = 1
 LAMBDA, SAGEMAKER = "aws-lambda", "aws-sagemaker"
+SUFFIX = ".safetensors"  # runtime.adapters.files.SUFFIX: that module (safetensors, numpy) loads only when needed
 _CHUNK = 8 << 20
 
 
@@ -130,6 +130,8 @@ def _fetch_one(
     s3: Any, bucket: str, stored: StoredAdapter, directory: Path, layout: AdapterLayout, bundled: frozenset[str]
 ) -> str | None:
     """None once `directory/NAME.safetensors` is the verified adapter, else why it is not."""
+    from runtime.adapters.files import AdapterFileError, misfit, read_adapter_file
+
     if not NAME.match(stored.name):
         return "not a valid adapter name"
     if stored.name in bundled:
@@ -286,6 +288,8 @@ def resync_adapters(engine: Engine) -> None:
     if adapters is None or _fetched is None:
         return  # no adapter inputs, or no store read in the init phase
     import botocore.exceptions
+
+    from runtime.adapters.files import AdapterFileError
 
     store, args = _fetched
     try:

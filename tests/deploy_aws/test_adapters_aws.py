@@ -222,3 +222,12 @@ def test_sagemaker_start_fetches_the_store_of_the_deploys_bucket(
     args = argparse.Namespace(adapter_dir=None, model_name="not-deployed", region=None, endpoint_url=None)
     assert adapter_fetch.fetch_adapters(args, project / "build" / NAME / "bundle", target="aws-sagemaker") is None
     assert args.adapter_dir is None
+
+
+def test_the_start_up_hook_imports_nothing_a_bundle_without_adapters_lacks() -> None:
+    """The Lambda init imports the fetcher for every bundle: safetensors (adapter files) only loads when one is read."""
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['safetensors'] = None; import runtime.aws_lambda.adapter_fetch"
+    subprocess.run([sys.executable, "-c", code], check=True)
