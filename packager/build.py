@@ -30,6 +30,7 @@ from packager.errors import UserError
 from packager.export.builder import ExportOptions, ExportResult, check_architecture, export_decoder
 from packager.export.gguf import export_gguf
 from packager.export.graph import check_decoder_graph
+from packager.export.lora import LORA_GRAPH_VERSION
 from packager.export.prefill import PREFILL_GRAPH_VERSION
 from packager.paths import bundle_dir
 from packager.progress import StepProgress
@@ -127,7 +128,7 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
         "bundle", FORMAT_VERSION, metadata.version("onnxfn"), spec.digest, export.key, quality_json,
         SNAPSHOT_VERSION, metadata.version("onnxruntime"),  # the snapshot's KV is valid for one ORT version
         PREFILL_GRAPH_VERSION,
-        adapters[0].to_json() if adapters is not None else None,
+        (LORA_GRAPH_VERSION, adapters[0].to_json()) if adapters is not None else None,
         [a.digest for a in adapters[1]] if adapters is not None else None,
     )  # fmt: skip
     target = bundle_dir(spec)

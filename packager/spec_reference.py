@@ -221,12 +221,12 @@ KEY_DOCS: dict[str, str] = {
     "image.platforms": "Platforms to build.",
     "image.registry": "`HOST[:PORT]/REPOSITORY[:TAG]` to push to; credentials come from the environment.",
     "image.tag": "Tag of the pushed image.",
-    "adapters": "LoRA adapters served as `model: \"FUNCTION:NAME\"`, each `[[adapters]]` with a `name` and a "
+    "adapters": 'LoRA adapters served as `model: "FUNCTION:NAME"`, each `[[adapters]]` with a `name` and a '
     "`source`: a PEFT folder (adapter_config.json + adapter_model.safetensors) or a llama.cpp GGUF LoRA file, "
     "relative to the function folder. `pkg build` checks each against the base, converts it once into the bundle "
     "and records its parity with PyTorch + PEFT and its quality on the chosen precision in quality.json "
     "(docs/adapters.md).",
-    "adapters.name": "What clients append to the function's name: `model: \"FUNCTION:NAME\"`.",
+    "adapters.name": 'What clients append to the function\'s name: `model: "FUNCTION:NAME"`.',
     "adapters.source": "A PEFT folder or a GGUF LoRA file, relative to the function folder.",
 }
 

@@ -25,7 +25,7 @@ from packager.adapters.weights import LoraWeights
 from packager.cache import cached_dir, cached_json, digest_of
 from packager.errors import UserError
 from packager.export.builder import ExportResult
-from packager.export.lora import add_adapter_inputs, plan_layout
+from packager.export.lora import LORA_GRAPH_VERSION, add_adapter_inputs, plan_layout
 from packager.progress import StepProgress
 from packager.spec import FunctionSpec
 from packager.verify import CandidateQuality, QualityBudget, QualityEvaluator, ReferenceParity, torch_parity
@@ -102,11 +102,11 @@ def check_declared(declared: list[DeclaredAdapter], layout: AdapterLayout) -> No
 
 
 def adapter_feeds(adapter: AdapterFile, layout: AdapterLayout) -> dict[str, np.ndarray]:
-    """The graph inputs running one row with `adapter` in slot 1 (slot 0: the base's zeros)."""
+    """The graph inputs running one row with `adapter`, the one slot bound (index 1)."""
     feeds: dict[str, np.ndarray] = {INDEX_INPUT: np.ones(1, np.int64)}
     for a_name, (a, b) in pack(adapter, layout).items():
-        feeds[a_name] = np.stack([np.zeros_like(a), a])
-        feeds[a_name[: -len(".A")] + ".B"] = np.stack([np.zeros_like(b), b])
+        feeds[a_name] = np.ascontiguousarray(a.T)
+        feeds[a_name[: -len(".A")] + ".B"] = b
     return feeds
 
 
@@ -127,7 +127,7 @@ def verify_adapters(
     results = []
     for adapter in declared:
         key = digest_of(
-            "adapter-quality", ADAPTER_VERIFY_VERSION, adapter.digest, reference.key, chosen.key,
+            "adapter-quality", ADAPTER_VERIFY_VERSION, LORA_GRAPH_VERSION, adapter.digest, reference.key, chosen.key,
             layout.to_json(), asdict(budget),
         )  # fmt: skip
         with progress.step(f"verify {adapter.name}", f"verify adapter {adapter.name} against PyTorch + PEFT") as step:
@@ -160,7 +160,7 @@ def quality_json(results: list[AdapterQuality]) -> dict[str, Any]:
 
 def adapted_export(export: ExportResult, layout: AdapterLayout) -> Path:
     """A copy of `export` whose graph takes adapters (its weights file linked, not copied), cached."""
-    key = digest_of("adapted-export", export.key, layout.to_json())
+    key = digest_of("adapted-export", LORA_GRAPH_VERSION, export.key, layout.to_json())
 
     def produce(out: Path) -> None:
         for path in export.directory.iterdir():

@@ -1,9 +1,11 @@
-"""Resident LoRA adapters: slots of the stacked graph inputs every session binds once (runtime/adapters/layout.py).
+"""Resident LoRA adapters: slots of the stacked graph inputs the sessions bind (runtime/adapters/layout.py).
 
-Slot 0 is the base (zeros, never written). A request's adapter is loaded into a slot when the scheduler admits
-it, and held there while the request runs; an adapter no request holds stays resident for the next one until
-its slot is needed, least recently used first. Loading writes into the bound buffers between steps (the engine
-thread both loads and runs), so no session is rebuilt and no step sees half an adapter.
+Slots are numbered from 1 (a row's `adapter_index`; 0 is the base model) and stored from position 0 of each
+stack. A request's adapter is loaded into a slot when the scheduler admits it, and held there while the request
+runs; an adapter no request holds stays resident for the next one until its slot is needed, least recently used
+first. The lowest free slot is taken first, so a step binds few slots (`bound_slots`). Loading writes into the
+bound buffers between steps (the engine thread both loads and runs), so no session is rebuilt and no step sees
+half an adapter.
 """
 
 from __future__ import annotations
@@ -48,13 +50,15 @@ class AdapterSlots:
             raise ValueError(f"max_adapters must be at least 1 for a bundle with adapters, got {capacity}")
         self.layout = layout
         self.capacity = capacity
+        # Each input's stack, slot j in rows `(j - 1) * C .. j * C` (C: the projection's columns), and C.
         self.inputs: dict[str, NDArray[np.float32]] = {}
+        self.columns: dict[str, int] = {}
         for layer in range(layout.num_layers):
             for projection in layout.projections:
                 a, b = layout.input_names(layer, projection.name)
-                columns = layout.columns(projection)
-                self.inputs[a] = np.zeros((capacity + 1, projection.in_features, columns), np.float32)
-                self.inputs[b] = np.zeros((capacity + 1, columns, projection.out_features), np.float32)
+                columns = self.columns[a] = self.columns[b] = layout.columns(projection)
+                self.inputs[a] = np.zeros((capacity * columns, projection.in_features), np.float32)
+                self.inputs[b] = np.zeros((capacity * columns, projection.out_features), np.float32)
         # The adapter slot of each KV pool row, bound as the graph's `adapter_index` (a view per row range).
         self.rows = np.zeros(pool_rows, np.int64)
         self._digests: list[str | None] = [None] * (capacity + 1)
@@ -65,6 +69,15 @@ class AdapterSlots:
     @property
     def index_input(self) -> str:
         return INDEX_INPUT
+
+    def views(self, slots: int) -> dict[str, NDArray[np.float32]]:
+        """Every stack's first `slots` slots (contiguous: a prefix of its rows)."""
+        return {name: array[: slots * self.columns[name]] for name, array in self.inputs.items()}
+
+    def bound_slots(self, start: int, stop: int) -> int:
+        """How many slots a run over pool rows `start:stop` binds: up to the highest its rows use (at least one:
+        a batch of base rows multiplies by one slot's weights, masked to zero)."""
+        return max(1, int(self.rows[start:stop].max()))
 
     def resident(self) -> dict[str, int]:
         return {d: s for s, d in enumerate(self._digests) if d is not None}
@@ -109,7 +122,8 @@ class AdapterSlots:
         packed = pack(adapter, self.layout)
         for a_name, (a, b) in packed.items():
             b_name = a_name[: -len(".A")] + ".B"
-            self.inputs[a_name][slot] = a
-            self.inputs[b_name][slot] = b
+            rows = slice((slot - 1) * self.columns[a_name], slot * self.columns[a_name])
+            self.inputs[a_name][rows] = a.T
+            self.inputs[b_name][rows] = b
         self._digests[slot] = digest
         self.loads = [*self.loads[-15:], AdapterLoad(digest, time.perf_counter() - started, adapter.nbytes)]

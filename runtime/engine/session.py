@@ -61,21 +61,17 @@ class DecoderSession:
         """`prefill_session`: the graph prompts run through (default `session`), with the same inputs and outputs.
 
         `max_width`: the most positions one `verify` computes (1 without speculative decoding).
-        `adapters`: the LoRA slots of a graph that takes adapters, bound into every binding: the stacked weights
-        whole, the per-row adapter index as the binding's rows of `adapters.rows` (the runner writes it).
+        `adapters`: the LoRA slots of a graph that takes adapters: a binding holds the first slots of each stack (as
+        many as its rows use: `AdapterSlots.bound_slots`) and the binding's rows of `adapters.rows` as the per-row
+        adapter index (the runner writes it before each step).
         """
         self._session = session
         self._adapters = adapters
-        self._adapter_values = (
-            {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in adapters.inputs.items()}
-            if adapters is not None
-            else {}
-        )
         self._io = io
         self.attach_prefill(prefill_session or session)
         self._cache = list(cache)
         self._cache_names = io.cache_names(num_layers)
-        self._bindings: dict[tuple[int, int, int], tuple[ort.IOBinding, dict[str, tuple[int, ...]]]] = {}
+        self._bindings: dict[tuple[int, int, int, int], tuple[ort.IOBinding, dict[str, tuple[int, ...]]]] = {}
         max_context = self._cache[0].shape[2]
         self._vocab_size = vocab_size
         # Decode writes `[rows, 1, V]`, verify `[1, width, V]`, prefill `[1, chunk, V]`: one buffer covers all.
@@ -218,7 +214,8 @@ class DecoderSession:
         """
         addresses = self._addresses
         io = self._io
-        binding, bound = self._binding(session, start, stop)
+        slots = self._adapters.bound_slots(start, stop) if self._adapters is not None else 0
+        binding, bound = self._binding(session, start, stop, slots)
         # The buffers never move, so an input whose shape (and, for the mask, buffer) is unchanged stays
         # bound: each bind call costs ~15-40 us right after a forward pass flushed the caches.
         if bound.get(io.input_ids) != ids_shape:
@@ -236,10 +233,11 @@ class DecoderSession:
         return self._logits[: ids_shape[0] * positions * self._vocab_size]
 
     def _binding(
-        self, session: ort.InferenceSession, start: int, stop: int
+        self, session: ort.InferenceSession, start: int, stop: int, slots: int
     ) -> tuple[ort.IOBinding, dict[str, tuple[int, ...]]]:
-        """The binding over pool rows `start:stop`, with the shape each of its inputs and outputs is bound at."""
-        key = (0 if session is self._session else 1, start, stop)
+        """The binding over pool rows `start:stop` (and the first `slots` adapter slots), with the shape each of its
+        inputs and outputs is bound at."""
+        key = (0 if session is self._session else 1, start, stop, slots)
         entry = self._bindings.get(key)
         if entry is None:
             binding = session.io_binding()
@@ -248,8 +246,8 @@ class DecoderSession:
                 binding.bind_ortvalue_input(past, view)
                 binding.bind_ortvalue_output(present, view)
             if self._adapters is not None:
-                for name, value in self._adapter_values.items():
-                    binding.bind_ortvalue_input(name, value)
+                for name, view in self._adapters.views(slots).items():
+                    binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(view))
                 rows = ort.OrtValue.ortvalue_from_numpy(self._adapters.rows[start:stop])
                 binding.bind_ortvalue_input(self._adapters.index_input, rows)
             entry = self._bindings[key] = (binding, {})

@@ -76,14 +76,14 @@ class WarmUp:
 
 
 def base_adapter_feed(session: ort.InferenceSession) -> dict[str, NDArray[np.generic]]:
-    """A graph taking LoRA adapters (runtime/adapters/layout.py) run as the base model: one zero slot, index 0."""
+    """A graph taking LoRA adapters (runtime/adapters/layout.py) run as the base model: index 0, zero stacks of one
+    row each (the masks are as wide as the stacks are tall)."""
     feed: dict[str, NDArray[np.generic]] = {}
     for graph_input in session.get_inputs():
         if graph_input.name == INDEX_INPUT:
             feed[graph_input.name] = np.zeros(1, np.int64)
         elif graph_input.name.startswith("adapters."):
-            _, inner, outer = graph_input.shape
-            feed[graph_input.name] = np.zeros((1, inner, outer), np.float32)
+            feed[graph_input.name] = np.zeros((1, graph_input.shape[1]), np.float32)  # any common row count
     return feed
 
 
