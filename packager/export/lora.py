@@ -16,7 +16,7 @@ from packager.errors import UserError
 from runtime.adapters.layout import INDEX_INPUT, AdapterLayout, ModuleRange, Projection
 from runtime.bundle import ModelFacts
 
-LORA_GRAPH_VERSION = 2  # bump when the adapter nodes change, to rebuild bundles and adapted exports
+LORA_GRAPH_VERSION = 3  # bump when the adapter nodes change, to rebuild bundles and adapted exports
 
 # The builder's projection names (`/model/layers.N/{group}/{name}/MatMul`) and the modules each computes.
 _GRAPH_PROJECTIONS = {
