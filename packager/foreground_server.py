@@ -98,10 +98,9 @@ def command(spec: FunctionSpec, bundle: Path, host: str, port: int, auth: Auth) 
     """The command line the local target runs for this function (`LocalPlan.command`), minus prepacked weights:
     those are a deploy's build output, written once per bundle, and the server packs its weights itself. A bundle
     with adapters serves its own; adding more at run time (`pkg adapter add`) is for deployed endpoints."""
-    adapters = ["--max-adapters", str(spec.runtime.max_adapters)] if read_manifest(bundle).adapters else []
     return [
         sys.executable, "-m", "runtime", "serve", str(bundle),
-        "--host", host, "--port", str(port), *server_flags(spec), *auth.flags, *adapters,
+        "--host", host, "--port", str(port), *server_flags(spec), *auth.flags,
     ]  # fmt: skip
 
 

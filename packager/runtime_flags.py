@@ -36,13 +36,15 @@ def server_flags(spec: FunctionSpec) -> list[str]:
         flags += ["--max-prompt-tokens", str(endpoint.max_prompt_tokens)]
     if rt.system_prompt:
         flags += ["--system-prompt", rt.system_prompt]
+    if spec.adapters or spec.export.adapter_modules:  # only then: other functions' commands (and snapshots) stay
+        flags += ["--max-adapters", str(rt.max_adapters)]
     return flags
 
 
-def adapter_flags(spec: FunctionSpec, adapter_dir: Path) -> list[str]:
+def adapter_flags(adapter_dir: Path) -> list[str]:
     """For a bundle whose graph takes LoRA adapters: where adapters added at run time are kept (they survive a
-    restart there), and how many are resident at once (`[runtime] max_adapters`)."""
-    return [ADAPTER_DIR_FLAG, str(adapter_dir), "--max-adapters", str(spec.runtime.max_adapters)]
+    restart there)."""
+    return [ADAPTER_DIR_FLAG, str(adapter_dir)]
 
 
 def adapter_dir_of(command: tuple[str, ...] | list[str]) -> Path | None:

@@ -43,6 +43,8 @@ RUNTIME_DISTRIBUTIONS = (
     "typing_extensions", "uvicorn", "click", "h11", "httptools", "msgpack", "prometheus_client",
     # The queue worker and the Lambda handler (runtime/events) talk to SQS and S3.
     "boto3", "botocore", "s3transfer", "jmespath", "python_dateutil", "six", "urllib3",
+    # LoRA adapter files (runtime/adapters/files.py).
+    "safetensors",
 )  # fmt: skip
 # The Lambda entry point (the `lambda` command): the runtime interface client, SnapStart's hook registry and
 # mangum (HTTP events into the ASGI app). Pinned as in pyproject's `lambda` extra.

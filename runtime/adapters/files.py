@@ -14,8 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
 
 from runtime.adapters.layout import AdapterLayout
 
@@ -47,11 +45,16 @@ class AdapterFile:
 
 
 def write_adapter_file(path: Path, adapter: AdapterFile) -> None:
+    from safetensors.numpy import save_file  # imported on use: a server without adapters never loads it
+
     meta = {"format": FORMAT, "rank": str(adapter.rank), "scale": repr(adapter.scale), "base": json.dumps(adapter.base)}
     save_file({k: np.ascontiguousarray(v) for k, v in sorted(adapter.tensors.items())}, str(path), metadata=meta)
 
 
 def read_adapter_file(path: Path) -> AdapterFile:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
     try:
         with path.open("rb") as file:  # the metadata sits in the header: a little-endian u64 length, then JSON
             length = int.from_bytes(file.read(8), "little")

@@ -97,7 +97,7 @@ def plan(spec: FunctionSpec) -> LocalPlan:
 
 def _adapter_flags(spec: FunctionSpec, manifest: Manifest) -> list[str]:
     """Only for a bundle whose graph takes adapters: the others' command (and process snapshot) stays as it was."""
-    return adapter_flags(spec, adapter_dir(spec)) if manifest.adapters else []
+    return adapter_flags(adapter_dir(spec)) if manifest.adapters else []
 
 
 def adapter_dir(spec: FunctionSpec) -> Path:
