@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from packager.adapters.convert import check_fits, read_adapter_source, to_adapter_file
+from packager.edge.client import json_object
 from packager.errors import UserError
 from runtime.adapters.files import write_adapter_file
 from runtime.adapters.layout import NAME, NAME_RULE, AdapterLayout
@@ -105,10 +106,10 @@ class AdapterClient:
     def put(self, name: str, data: bytes, digest: str) -> dict[str, Any]:
         headers = {DIGEST_HEADER: digest, "Content-Type": "application/octet-stream"}
         response = self._request("PUT", f"/v1/adapters/{name}", content=data, headers=headers)
-        return _json(response)
+        return json_object(response)
 
     def delete(self, name: str) -> dict[str, Any]:
-        return _json(self._request("DELETE", f"/v1/adapters/{name}"))
+        return json_object(self._request("DELETE", f"/v1/adapters/{name}"))
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
@@ -142,11 +143,3 @@ def error_of(response: httpx.Response) -> tuple[str, str | None]:
         return str(error.get("message") or response.reason_phrase), error.get("code")
     except (ValueError, KeyError, TypeError, AttributeError):
         return (response.text[:300] or response.reason_phrase), None
-
-
-def _json(response: httpx.Response) -> dict[str, Any]:
-    try:
-        body = response.json()
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}

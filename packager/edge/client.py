@@ -108,10 +108,10 @@ class AgentClient:
     def put_adapter(self, name: str, data: bytes, digest: str) -> dict[str, Any]:
         headers = {"X-Onnxfn-Digest": digest, "Content-Type": "application/octet-stream"}
         response = self._request("PUT", f"/agent/adapters/{name}", content=data, headers=headers)
-        return _json(response)
+        return json_object(response)
 
     def delete_adapter(self, name: str) -> dict[str, Any]:
-        return _json(self._request("DELETE", f"/agent/adapters/{name}"))
+        return json_object(self._request("DELETE", f"/agent/adapters/{name}"))
 
     def rollback(self) -> dict[str, Any]:
         return self._request("POST", "/agent/rollback", timeout=INSTALL_TIMEOUT).json()
@@ -162,7 +162,8 @@ def _error_code(response: httpx.Response) -> str:
         return "error"
 
 
-def _json(response: httpx.Response) -> dict[str, Any]:
+def json_object(response: httpx.Response) -> dict[str, Any]:
+    """A response's JSON object body, {} when it has none (the agent's and the runtime's answers alike)."""
     try:
         body = response.json()
     except ValueError:

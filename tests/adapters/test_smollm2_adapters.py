@@ -46,21 +46,13 @@ def _spec(upper: Path) -> str:
 
 @pytest.fixture(scope="module")
 def lora_bundle(peft_adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from packager.build import build_function
-    from packager.progress import StepProgress
-    from packager.spec import load_spec
+    from tests.packager.conftest import build_in
 
     root = tmp_path_factory.mktemp("smollm2-lora")
     folder = root / "functions" / NAME
     folder.mkdir(parents=True)
     (folder / "function.toml").write_text(_spec(peft_adapters["upper"]))
-    patch = pytest.MonkeyPatch()
-    patch.chdir(root)
-    try:
-        result = build_function(load_spec(folder), StepProgress())
-    finally:
-        patch.undo()
-    return (root / result.bundle).resolve()
+    return build_in(root, folder)
 
 
 @pytest.fixture

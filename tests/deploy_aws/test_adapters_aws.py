@@ -46,10 +46,8 @@ def _peft_adapter(hf_dir: Path, out: Path, seed: int) -> Path:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory, tiny_hf_dir: Path) -> Path:
     """A folder holding functions/NAME (a spec whose graph takes adapters) and its built bundle."""
-    from packager.build import build_function
-    from packager.progress import StepProgress
-    from packager.spec import load_spec
     from tests.conftest import tiny_model_cache
+    from tests.packager.conftest import build_in
 
     root = tmp_path_factory.mktemp("aws-adapters")
     folder = root / "functions" / NAME
@@ -60,13 +58,7 @@ def project(tmp_path_factory: pytest.TempPathFactory, tiny_hf_dir: Path) -> Path
         f'[runtime]\nmax_adapters = 2\n[targets.aws-lambda]\nregion = "{REGION}"\n'
         f'[targets.aws-sagemaker]\nregion = "{REGION}"\n'
     )
-    patch = pytest.MonkeyPatch()
-    patch.setenv("ONNXFN_CACHE_DIR", str(tiny_model_cache(tmp_path_factory)))
-    patch.chdir(root)
-    try:
-        build_function(load_spec(folder), StepProgress())
-    finally:
-        patch.undo()
+    build_in(root, folder, tiny_model_cache(tmp_path_factory))
     return root
 
 

@@ -47,22 +47,13 @@ def _spec(hf_dir: Path, extra: str = "") -> str:
 
 
 def _build(root: Path, toml: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from packager.build import build_function
-    from packager.progress import StepProgress
-    from packager.spec import load_spec
     from tests.conftest import tiny_model_cache
+    from tests.packager.conftest import build_in
 
     folder = root / "functions" / NAME
     folder.mkdir(parents=True)
     (folder / "function.toml").write_text(toml)
-    patch = pytest.MonkeyPatch()
-    patch.setenv("ONNXFN_CACHE_DIR", str(tiny_model_cache(tmp_path_factory)))
-    patch.chdir(root)
-    try:
-        result = build_function(load_spec(folder), StepProgress())
-    finally:
-        patch.undo()
-    return (root / result.bundle).resolve()
+    return build_in(root, folder, tiny_model_cache(tmp_path_factory))
 
 
 @pytest.fixture(scope="module")

@@ -179,24 +179,14 @@ def tiny_bundle_pair(tmp_path_factory: pytest.TempPathFactory, tiny_hf_dir: Path
 
     Its engine loads in milliseconds instead of seconds, so the SIGKILL test can afford all 20 rounds.
     """
-    from packager.build import build_function
-    from packager.progress import StepProgress
-    from packager.spec import load_spec
     from tests.conftest import tiny_model_cache
-    from tests.packager.conftest import write_function
+    from tests.packager.conftest import build_in, write_function
     from tests.packager.test_build_tiny import INT8_SPEC
 
     root = tmp_path_factory.mktemp("tiny-edge")
     # The packager tests' spec and cache: when both suites run, the exports are built once.
     function = write_function(root, "tiny-edge", f"hf:{tiny_hf_dir}", INT8_SPEC)
-    patch = pytest.MonkeyPatch()
-    patch.setenv("ONNXFN_CACHE_DIR", str(tiny_model_cache(tmp_path_factory)))
-    patch.chdir(root)
-    try:
-        result = build_function(load_spec(function), StepProgress())
-    finally:
-        patch.undo()
-    built = root / result.bundle
+    built = build_in(root, function, tiny_model_cache(tmp_path_factory))
     return derive_bundle(built, root / "a"), derive_bundle(built, root / "b", function="tiny-edge-v2")
 
 

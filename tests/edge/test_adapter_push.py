@@ -26,21 +26,12 @@ SPEC = '[export]\nprecision = "fp32"\nmax_context = 256\nadapter_modules = ["q_p
 @pytest.fixture(scope="module")
 def lora_pair(tmp_path_factory: pytest.TempPathFactory, tiny_hf_dir: Path) -> tuple[Path, Path]:
     """Two valid bundles (different digests) of the tiny Llama whose graph takes adapters on q and v."""
-    from packager.build import build_function
-    from packager.progress import StepProgress
-    from packager.spec import load_spec
     from tests.conftest import tiny_model_cache
-    from tests.packager.conftest import write_function
+    from tests.packager.conftest import build_in, write_function
 
     root = tmp_path_factory.mktemp("lora-edge")
     function = write_function(root, "lora-edge", f"hf:{tiny_hf_dir}", SPEC)
-    patch = pytest.MonkeyPatch()
-    patch.setenv("ONNXFN_CACHE_DIR", str(tiny_model_cache(tmp_path_factory)))
-    patch.chdir(root)
-    try:
-        built = root / build_function(load_spec(function), StepProgress()).bundle
-    finally:
-        patch.undo()
+    built = build_in(root, function, tiny_model_cache(tmp_path_factory))
     return derive_bundle(built, root / "a"), derive_bundle(built, root / "b", function="lora-edge-v2")
 
 

@@ -39,24 +39,14 @@ BUNDLED = "shipped"
 @pytest.fixture(scope="module")
 def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_hf_dir: Path) -> Path:
     """The tiny Llama as an fp32 bundle (plain MatMuls), built by the real `pkg build` pipeline."""
-    from packager.build import build_function
-    from packager.progress import StepProgress
-    from packager.spec import load_spec
     from tests.conftest import tiny_model_cache
-    from tests.packager.conftest import write_function
+    from tests.packager.conftest import build_in, write_function
 
     root = tmp_path_factory.mktemp("tiny-lora")
     function = write_function(
         root, "tiny-lora", f"hf:{tiny_hf_dir}", '[export]\nprecision = "fp32"\nmax_context = 256\n'
     )
-    patch = pytest.MonkeyPatch()
-    patch.setenv("ONNXFN_CACHE_DIR", str(tiny_model_cache(tmp_path_factory)))
-    patch.chdir(root)
-    try:
-        result = build_function(load_spec(function), StepProgress())
-    finally:
-        patch.undo()
-    return root / result.bundle
+    return build_in(root, function, tiny_model_cache(tmp_path_factory))
 
 
 @pytest.fixture(scope="module")
