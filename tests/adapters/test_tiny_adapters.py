@@ -127,3 +127,29 @@ def test_an_adapter_for_another_model_is_refused_at_build(
     spec = write_function(tmp_path, "tiny-wrong", f"hf:{tiny_hf_dir}", SPEC + declared)
     with pytest.raises(UserError, match=r"adapter 'w' .* does not fit the base model: layers.0.q_proj.a is \[7, 2\]"):
         build_function(load_spec(spec), StepProgress())
+
+
+ADAPTERS = ("qv", "attn")
+
+
+def test_one_slot_serves_two_adapters_in_turn(built: Path) -> None:
+    """With `max_adapters = 1`, a request for a second adapter waits for the first's to finish, then evicts it."""
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    prompt = (5, 17, 42, 7, 99)
+    roomy = Engine(open_bundle(built), EngineConfig(max_batch=4, max_adapters=2))
+    try:
+        alone = {a: roomy.generate(GenerationRequest(a, prompt, greedy, adapter=a))[0].token_ids for a in ADAPTERS}
+    finally:
+        roomy.shutdown()
+    engine = Engine(open_bundle(built), EngineConfig(max_batch=4, max_adapters=1))
+    engine.start()
+    try:
+        streams = [engine.submit(GenerationRequest(f"r{i}", prompt, greedy, adapter=a)) for i, a in enumerate(alone)]
+        assert [tuple(t for out in s for t in out.token_ids) for s in streams] == list(alone.values())
+        assert engine.adapters is not None
+        assert [load.digest for load in engine.adapters.slots.loads] == [
+            engine.adapters.catalog.get(a).digest
+            for a in alone  # type: ignore[union-attr]
+        ]
+    finally:
+        engine.shutdown()
