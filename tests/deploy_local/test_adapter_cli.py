@@ -171,6 +171,7 @@ def test_a_bundle_without_adapter_inputs_is_refused(
         message = _fails(space, "adapter", "add", f"functions/{NAME}", "qv", str(peft["qv"]))
     finally:
         space.pkg("destroy", f"functions/{NAME}", "--target", "local")
+        space.pkg("gateway", "stop")  # the deploy started this workspace's own gateway
     assert "takes no LoRA adapters" in message and "adapter_modules" in message
 
 
