@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from packager.bench import embeddings, gateway, targets
+from packager.bench import adapters, embeddings, gateway, targets
 from packager.bench.pairing import baseline_of, paired_interval
 from packager.bench.stats import median
 from packager.bench.systems import PROCESS_SNAPSHOT, VARIANTS
@@ -375,6 +375,7 @@ RENDERERS = (
     ("quality", render_quality),
     ("embeddings", embeddings.render),
     ("gateway", gateway.render),
+    ("adapters", adapters.render),
 )
 
 

@@ -7,6 +7,8 @@
     .venv/bin/python scripts/bench.py --quick --sections decode,concurrency,quality,memory \
         --systems onnxfn,onnxfn-http,genai-int8,genai-int4,llamacpp,llamacpp-server [--model gemma3]
     .venv/bin/python scripts/bench.py --sections decode --systems onnxfn,genai,ort-loop --rounds 30 --out bench/batch1
+    # the LoRA adapter rows alone (packager/bench/adapters.py), merged into the committed results.md / .json:
+    .venv/bin/python scripts/bench.py --sections adapters --rounds 10
     .venv/bin/python scripts/bench.py --sections concurrency --systems onnxfn,onnxfn-http,genai,ort-loop \
         --rounds 20 --out bench/concurrency
 
@@ -33,7 +35,18 @@ from typing import Any
 if importlib.util.find_spec("aiohttp") is None:  # the client of every server figure; setup.sh does not install it
     sys.exit("bench: aiohttp is not installed: install the bench's peers first with scripts/setup_bench.sh")
 
-from packager.bench import coldstart, embeddings, footprint, gateway, machine, models, quality, report, sections
+from packager.bench import (
+    adapters,
+    coldstart,
+    embeddings,
+    footprint,
+    gateway,
+    machine,
+    models,
+    quality,
+    report,
+    sections,
+)
 from packager.bench.models import GENAI_EXPORTS, BenchModel, ModelUnavailable
 from packager.bench.pool import Worker, WorkerError
 from packager.bench.prompts import PromptFactory, PromptsUsedUp
@@ -47,7 +60,7 @@ from runtime.engine.graphs import QUANTIZED_PREFILL_FILE, decodes_with_prefill_g
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: functions/, build/ and bench/ are read and written there
 DEFAULT_MODEL = "smollm2"  # the demo: its results are bench/results.md
-SECTIONS = ("decode", "prefill", "concurrency", "cold", "quality", "memory", "embeddings", "gateway")
+SECTIONS = ("decode", "prefill", "concurrency", "cold", "quality", "memory", "embeddings", "gateway", "adapters")
 FULL = sections.Plan(
     repetitions=5,
     decode_prompt=32,
@@ -190,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             "notes": notes,
         }
     }
+    if args.sections == ["adapters"]:  # alone: its rows join the committed results instead of replacing them
+        return measure_adapters_alone(results, model, prompts, plan, args, contention)
     bandwidth = machine.read_bandwidth(repetitions=5 if not args.quick else 3, threads=args.threads)
     interpreter_s = machine.interpreter_start(sys.executable, repetitions=5)
     exports = {system: model.exports[precision] for system, precision in GENAI_EXPORTS.items()}
@@ -247,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
         progress(started, "gateway")
         results["gateway"] = gateway.measure(model, prompts, plan)
         write_results(results, args.out, contention)
+    if "adapters" in args.sections:
+        progress(started, "adapters")
+        results["adapters"] = adapters.measure(model.spec.directory, model.hf_dir, bundle, prompts, plan, args.threads)
+        write_results(results, args.out, contention)
     if "quality" in args.sections:
         progress(started, "quality")
         results["quality"] = quality.measure(model)
@@ -270,6 +289,27 @@ def write_results(results: dict[str, Any], out: Path, contention: machine.Conten
     results["meta"]["duration_s"] = time.monotonic() - results["meta"]["monotonic_start"]
     results["meta"]["others_cpu_share"] = contention.others_share()
     report.save(results, out)
+
+
+def measure_adapters_alone(
+    results: dict[str, Any],
+    model: BenchModel,
+    prompts: PromptFactory,
+    plan: sections.Plan,
+    args: argparse.Namespace,
+    contention: machine.ContentionMeter,
+) -> int:
+    """`--sections adapters`: the section's figures (with their own run's facts) into the committed results."""
+    progress(results["meta"]["monotonic_start"], "adapters")
+    figures = adapters.measure(model.spec.directory, model.hf_dir, model.bundle, prompts, plan, args.threads)
+    merged = adapters.merge(args.out, figures)
+    if merged is None:  # nothing committed there yet: a results file of this run alone
+        results["adapters"] = figures
+        write_results(results, args.out, contention)
+    else:
+        report.save(merged, args.out)
+    print(f"bench: wrote the adapters rows into {args.out / 'results.md'}", flush=True)
+    return 0
 
 
 def measure_memory(configs: list[SystemConfig], prompts: PromptFactory, plan: sections.Plan) -> dict[str, Any]:
