@@ -227,7 +227,8 @@ def load_figures(engine: Any) -> dict[str, Any]:
     slots = engine.adapters.slots
     return {
         "loads": [{"seconds": load.seconds, "nbytes": load.nbytes} for load in slots.loads],
-        "slot_bytes": sum(int(array[0].nbytes) for array in slots.inputs.values()),
+        # Whatever the stacks' shape, each holds `capacity` slots of the same size.
+        "slot_bytes": sum(int(array.nbytes) for array in slots.inputs.values()) // slots.capacity,
     }
 
 
