@@ -105,7 +105,7 @@ def adapter_feeds(adapter: AdapterFile, layout: AdapterLayout) -> dict[str, np.n
     """The graph inputs running one row with `adapter`, the one slot bound (index 1)."""
     feeds: dict[str, np.ndarray] = {INDEX_INPUT: np.ones(1, np.int64)}
     for a_name, (a, b) in pack(adapter, layout).items():
-        feeds[a_name] = np.ascontiguousarray(a.T)
+        feeds[a_name] = a
         feeds[a_name[: -len(".A")] + ".B"] = b
     return feeds
 

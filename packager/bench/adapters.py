@@ -228,7 +228,7 @@ def load_figures(engine: Any) -> dict[str, Any]:
     return {
         "loads": [{"seconds": load.seconds, "nbytes": load.nbytes} for load in slots.loads],
         # Whatever the stacks' shape, each holds `capacity` slots of the same size.
-        "slot_bytes": sum(int(array.nbytes) for array in slots.inputs.values()) // slots.capacity,
+        "slot_bytes": slots.bytes_per_slot,
     }
 
 

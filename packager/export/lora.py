@@ -16,7 +16,7 @@ from packager.errors import UserError
 from runtime.adapters.layout import INDEX_INPUT, AdapterLayout, ModuleRange, Projection
 from runtime.bundle import ModelFacts
 
-LORA_GRAPH_VERSION = 3  # bump when the adapter nodes change, to rebuild bundles and adapted exports
+LORA_GRAPH_VERSION = 4  # bump when the adapter nodes change, to rebuild bundles and adapted exports
 
 # The builder's projection names (`/model/layers.N/{group}/{name}/MatMul`) and the modules each computes.
 _GRAPH_PROJECTIONS = {
@@ -33,12 +33,9 @@ _GRAPH_PROJECTIONS = {
 _BATCH = "batch_size"
 _ONE = "/adapters/one"
 _ZERO = "/adapters/zero"
-_SLOT_COLUMNS = "adapter_slot_columns"
 _AXIS_0 = "/adapters/axes_0"
 _AXIS_1 = "/adapters/axes_1"
-_FLAT = "/adapters/flat"
-_BATCH_SEQ = "/adapters/batch_seq"
-_INPUT_IDS = "input_ids"  # the builder's name; prefill.py reads it too
+_INDEX_COLUMN = "/adapters/index_column"
 
 
 def plan_layout(model: onnx.ModelProto, facts: ModelFacts, modules: tuple[str, ...], rank: int) -> AdapterLayout:
@@ -82,82 +79,74 @@ def add_adapter_inputs(model: onnx.ModelProto, layout: AdapterLayout) -> None:
             base = f"{out}/base"
             producer.output[list(producer.output).index(out)] = base
             a_name, b_name = layout.input_names(layer, projection.name)
-            shapes = {a_name: projection.in_features, b_name: projection.out_features}
-            for name, width in shapes.items():
-                graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [_SLOT_COLUMNS, width]))
+            # Stacks of one column count share a symbolic width (the runtime binds them alike); others do not, or
+            # ONNX Runtime's memory planner would take them for one size.
+            bound = f"adapter_columns_{layout.columns(projection)}"
+            shapes: dict[str, list[int | str]] = {
+                a_name: [projection.in_features, bound],
+                b_name: [bound, projection.out_features],
+            }
+            for name, shape in shapes.items():
+                graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
             at = list(graph.node).index(producer) + 1
             prefix = f"/model/layers.{layer}/{group}/{projection.name}/lora"
-            delta = _delta(matmul.input[0], (a_name, b_name), layout.columns(projection), projection, base, out, prefix)
+            delta = _delta(matmul.input[0], (a_name, b_name), layout.columns(projection), base, out, prefix)
             for offset, node in enumerate(delta):
                 graph.node.insert(at + offset, node)
-    # What the projections share reads only graph inputs: computed once per run, first.
-    for offset, node in enumerate(_shared(layout)):
+    # The masks read only graph inputs: computed once per run, first.
+    for offset, node in enumerate(_masks(layout)):
         graph.node.insert(offset, node)
-    constants = {_ONE: ([], [1]), _ZERO: ([], [0]), _FLAT: ([1], [-1]), _AXIS_1: ([1], [1]), _AXIS_0: ([1], [0])}
-    constants |= {_tokens_by(p.in_features): ([2], [-1, p.in_features]) for p in layout.projections}
-    constants |= {f"/adapters/width_{p.out_features}": ([1], [p.out_features]) for p in layout.projections}
-    constants |= {f"/adapters/rank_{layout.columns(p)}": ([], [layout.columns(p)]) for p in layout.projections}
+    constants = {_ONE: ([], [1]), _ZERO: ([], [0]), _AXIS_0: ([1], [0]), _AXIS_1: ([1], [1])}
+    constants |= {_rank(layout.columns(p)): ([], [layout.columns(p)]) for p in layout.projections}
     graph.initializer.extend(helper.make_tensor(n, TensorProto.INT64, dims, v) for n, (dims, v) in constants.items())
 
 
-def _shared(layout: AdapterLayout) -> list[onnx.NodeProto]:
-    """Per column count C: the mask `[tokens, slots * C]`, 1.0 where a token's row runs the adapter owning that
-    column (slot j owns columns `(j - 1) * C .. j * C`; the row's index is j), over the run's `batch * seq` tokens;
-    and per output width, the `[batch, seq, width]` shape a delta takes."""
+def _masks(layout: AdapterLayout) -> list[onnx.NodeProto]:
+    """Per column count C, the mask `[batch, 1, slots * C]`: 1.0 where a row runs the adapter owning that column
+    (slot j owns columns `(j - 1) * C .. j * C`; the row's index is j), over the columns bound this run."""
 
     def node(op: str, inputs: list[str], output: str, **attrs: Any) -> onnx.NodeProto:
         return helper.make_node(op, inputs, [output], name=output, **attrs)
 
-    shared = [
-        node("Shape", [_INPUT_IDS], _BATCH_SEQ),  # [batch, seq]
-        node("Unsqueeze", [INDEX_INPUT, _AXIS_1], "/adapters/index_column"),  # [batch, 1]
-        node("Expand", ["/adapters/index_column", _BATCH_SEQ], "/adapters/token_index_2d"),  # [batch, seq]
-        node("Reshape", ["/adapters/token_index_2d", _FLAT], "/adapters/token_index_flat"),  # [tokens]
-        node("Unsqueeze", ["/adapters/token_index_flat", _AXIS_1], "/adapters/token_index"),  # [tokens, 1]
-    ]
+    masks = [node("Unsqueeze", [INDEX_INPUT, _AXIS_1], _INDEX_COLUMN)]  # [batch, 1]
     for columns in sorted({layout.columns(p) for p in layout.projections}):
         sample = next(p for p in layout.projections if layout.columns(p) == columns)
         stack, mask = layout.input_names(0, sample.name)[0], _mask(columns)
-        shared += [
-            node("Shape", [stack], f"{mask}/bound_1d", start=0, end=1),  # [slots * C], as many as are bound
+        masks += [
+            node("Shape", [stack], f"{mask}/bound_1d", start=1, end=2),  # [slots * C]: as many as are bound
             node("Squeeze", [f"{mask}/bound_1d", _AXIS_0], f"{mask}/bound"),
             node("Range", [_ZERO, f"{mask}/bound", _ONE], f"{mask}/column"),
-            node("Div", [f"{mask}/column", f"/adapters/rank_{columns}"], f"{mask}/slot_from_0"),
-            node("Add", [f"{mask}/slot_from_0", _ONE], f"{mask}/slot"),  # the index that owns each column
-            node("Equal", ["/adapters/token_index", f"{mask}/slot"], f"{mask}/owned"),  # [tokens, slots * C]
-            node("Cast", [f"{mask}/owned"], mask, to=TensorProto.FLOAT),
+            node("Div", [f"{mask}/column", _rank(columns)], f"{mask}/slot_from_0"),
+            node("Add", [f"{mask}/slot_from_0", _ONE], f"{mask}/slot"),  # the index owning each column
+            node("Equal", [_INDEX_COLUMN, f"{mask}/slot"], f"{mask}/owned"),  # [batch, slots * C]
+            node("Unsqueeze", [f"{mask}/owned", _AXIS_1], f"{mask}/owned_3d"),  # [batch, 1, slots * C]
+            node("Cast", [f"{mask}/owned_3d"], mask, to=TensorProto.FLOAT),
         ]
-    for width in sorted({p.out_features for p in layout.projections}):
-        shared.append(node("Concat", [_BATCH_SEQ, f"/adapters/width_{width}"], f"/adapters/shape_{width}", axis=0))
-    return shared
+    return masks
 
 
-def _delta(
-    x: str, stacks: tuple[str, str], columns: int, projection: Projection, base: str, out: str, prefix: str
-) -> list[onnx.NodeProto]:
-    """`out = base + ((x @ A.T) * mask) @ B` over every bound slot at once: two GEMMs on the run's tokens.
+def _delta(x: str, stacks: tuple[str, str], columns: int, base: str, out: str, prefix: str) -> list[onnx.NodeProto]:
+    """`out = base + ((x @ A) * mask) @ B` over every bound slot at once: two matmuls on the run's rows.
 
-    The second GEMM's sum runs over every slot's columns, adding exact zeros (`fma(0, b, acc) == acc`) for all but
-    the token's own, and a slot's columns sit at the same place whatever else is bound: a row's delta does not
-    depend on its batch, and a base row's is exactly zero.
+    The second sums over every bound slot's columns, adding exact zeros (`fma(0, b, acc) == acc`) for all but the
+    row's own, and a slot's columns sit at the same place whatever else is bound: a row's delta does not depend on
+    its batch. With no adapter in the run nothing is bound (zero columns), and the delta is zeros.
     """
     a_name, b_name = stacks
 
-    def node(op: str, inputs: list[str], output: str, **attrs: Any) -> onnx.NodeProto:
-        return helper.make_node(op, inputs, [f"{prefix}/{output}"], name=f"{prefix}/{output}", **attrs)
+    def node(op: str, inputs: list[str], output: str) -> onnx.NodeProto:
+        return helper.make_node(op, inputs, [f"{prefix}/{output}"], name=f"{prefix}/{output}")
 
     return [
-        node("Reshape", [x, _tokens_by(projection.in_features)], "tokens"),  # [tokens, in]
-        node("Gemm", [f"{prefix}/tokens", a_name], "xA", transB=1),  # [tokens, slots * C]
+        node("MatMul", [x, a_name], "xA"),  # [batch, seq, slots * C]
         node("Mul", [f"{prefix}/xA", _mask(columns)], "xA_own"),
-        node("Gemm", [f"{prefix}/xA_own", b_name], "sum"),  # [tokens, out]
-        node("Reshape", [f"{prefix}/sum", f"/adapters/shape_{projection.out_features}"], "delta"),
+        node("MatMul", [f"{prefix}/xA_own", b_name], "delta"),  # [batch, seq, out]
         helper.make_node("Add", [base, f"{prefix}/delta"], [out], name=f"{prefix}/Add"),
     ]
 
 
-def _tokens_by(in_features: int) -> str:
-    return f"/adapters/tokens_by_{in_features}"
+def _rank(columns: int) -> str:
+    return f"/adapters/columns_{columns}"
 
 
 def _mask(columns: int) -> str:

@@ -2,19 +2,19 @@
 
 The packager adds to each adapted projection `y = x @ W` of the graph (packager/export/lora.py)
 
-    y + ((x @ A.T) * mask) @ B
+    y + ((x @ A) * mask) @ B
 
-with `A` `[slots * C, in]` and `B` `[slots * C, out]` graph inputs (slot j, counted from 1, in rows
-`(j - 1) * C .. j * C`; C = rank times the modules the projection computes) and `index` `[batch]` each row's
-adapter: 0 for the base model, j for slot j. The mask keeps, for each token, the columns of its own slot. This is
-S-LoRA / punica's design in plain ONNX ops (Gemm, Mul), which every execution provider runs: two GEMMs over the
-step's tokens read each bound adapter's weights once, where gathering each row's weights copied them once per row
-(measured here: the gather took 15 % of an 8-row step over 4 adapters). The runtime binds only as many slots as
-the step's rows use, so a batch with one adapter pays for one. A slot's columns sit at the same place whatever
-else is bound and the second GEMM adds exact zeros for every other column, so a row's output does not depend on
-its batch, and a base row adds exact zeros. A projection that computes several modules at once (the builder's
-fused `qkv_proj`) gives each targeted module `rank` columns of its own, its rows of `B` reaching only that
-module's outputs, so one adapter's q, k and v never mix.
+with `A` `[in, slots * C]` and `B` `[slots * C, out]` graph inputs (slot j, counted from 1, owns columns
+`(j - 1) * C .. j * C` of A and those rows of B; C = rank times the modules the projection computes) and `index`
+`[batch]` each row's adapter: 0 for the base model, j for slot j. The mask keeps, in each row, the columns of its
+own slot. This is S-LoRA / punica's design in plain ONNX ops (MatMul, Mul), which every execution provider runs:
+two matmuls over the step's rows read each bound adapter's weights once, where gathering each row's weights copied
+them once per row (measured here: the gather took 15 % of an 8-row step over 4 adapters). The runtime binds only
+the slots the step's rows use, none for base rows alone, so a batch pays for the adapters in it. A slot's columns
+sit at the same place whatever else is bound and the second matmul adds exact zeros for every other column, so a
+row's output does not depend on its batch, and a base row adds exact zeros. A projection that computes several
+modules at once (the builder's fused `qkv_proj`) gives each targeted module `rank` columns of its own, its rows of
+`B` reaching only that module's outputs, so one adapter's q, k and v never mix.
 """
 
 from __future__ import annotations

@@ -50,15 +50,22 @@ class AdapterSlots:
             raise ValueError(f"max_adapters must be at least 1 for a bundle with adapters, got {capacity}")
         self.layout = layout
         self.capacity = capacity
-        # Each input's stack, slot j in rows `(j - 1) * C .. j * C` (C: the projection's columns), and C.
-        self.inputs: dict[str, NDArray[np.float32]] = {}
+        # Slot j takes columns `(j - 1) * C .. j * C` of A `[in, slots * C]` and those rows of B `[slots * C, out]`
+        # (C: the projection's columns). A run binds the first k slots: B's first rows are a contiguous view, A's
+        # first columns are not, so A is kept at a few widths, `levels` (0, powers of two, all), and a run binds
+        # the narrowest that holds its rows' slots: at most twice the columns it needs, 3x A's memory in all.
+        self.levels = sorted({0, capacity, *(1 << i for i in range(capacity.bit_length()) if 1 << i <= capacity)})
+        self.a_levels: dict[str, dict[int, NDArray[np.float32]]] = {}
+        self.b_stacks: dict[str, NDArray[np.float32]] = {}
         self.columns: dict[str, int] = {}
         for layer in range(layout.num_layers):
             for projection in layout.projections:
                 a, b = layout.input_names(layer, projection.name)
                 columns = self.columns[a] = self.columns[b] = layout.columns(projection)
-                self.inputs[a] = np.zeros((capacity * columns, projection.in_features), np.float32)
-                self.inputs[b] = np.zeros((capacity * columns, projection.out_features), np.float32)
+                self.a_levels[a] = {
+                    level: np.zeros((projection.in_features, level * columns), np.float32) for level in self.levels
+                }
+                self.b_stacks[b] = np.zeros((capacity * columns, projection.out_features), np.float32)
         # The adapter slot of each KV pool row, bound as the graph's `adapter_index` (a view per row range).
         self.rows = np.zeros(pool_rows, np.int64)
         self._digests: list[str | None] = [None] * (capacity + 1)
@@ -67,17 +74,27 @@ class AdapterSlots:
         self.loads: list[AdapterLoad] = []  # the most recent loads, for stats (bounded)
 
     @property
+    def bytes_per_slot(self) -> int:
+        """What one resident adapter's weights take in the stacks (A and B once; A's wider copies aside)."""
+        return (
+            sum(stack.nbytes for stack in self.b_stacks.values()) // self.capacity
+            + sum(levels[self.capacity].nbytes for levels in self.a_levels.values()) // self.capacity
+        )
+
+    @property
     def index_input(self) -> str:
         return INDEX_INPUT
 
     def views(self, slots: int) -> dict[str, NDArray[np.float32]]:
-        """Every stack's first `slots` slots (contiguous: a prefix of its rows)."""
-        return {name: array[: slots * self.columns[name]] for name, array in self.inputs.items()}
+        """Every input holding the first `slots` slots (one of `levels`)."""
+        views = {name: levels[slots] for name, levels in self.a_levels.items()}
+        return views | {name: stack[: slots * self.columns[name]] for name, stack in self.b_stacks.items()}
 
     def bound_slots(self, start: int, stop: int) -> int:
-        """How many slots a run over pool rows `start:stop` binds: up to the highest its rows use (at least one:
-        a batch of base rows multiplies by one slot's weights, masked to zero)."""
-        return max(1, int(self.rows[start:stop].max()))
+        """How many slots a run over pool rows `start:stop` binds: the narrowest level holding every slot its rows
+        use; 0 for base rows alone (zero columns: the graph adds zeros and multiplies nothing)."""
+        highest = int(self.rows[start:stop].max())
+        return next(level for level in self.levels if level >= highest)
 
     def resident(self) -> dict[str, int]:
         return {d: s for s, d in enumerate(self._digests) if d is not None}
@@ -121,9 +138,10 @@ class AdapterSlots:
         self._digests[slot] = None  # until written in full
         packed = pack(adapter, self.layout)
         for a_name, (a, b) in packed.items():
-            b_name = a_name[: -len(".A")] + ".B"
-            rows = slice((slot - 1) * self.columns[a_name], slot * self.columns[a_name])
-            self.inputs[a_name][rows] = a.T
-            self.inputs[b_name][rows] = b
+            own = slice((slot - 1) * self.columns[a_name], slot * self.columns[a_name])
+            for level, stack in self.a_levels[a_name].items():
+                if level >= slot:
+                    stack[:, own] = a
+            self.b_stacks[a_name[: -len(".A")] + ".B"][own] = b
         self._digests[slot] = digest
         self.loads = [*self.loads[-15:], AdapterLoad(digest, time.perf_counter() - started, adapter.nbytes)]

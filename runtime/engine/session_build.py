@@ -76,14 +76,15 @@ class WarmUp:
 
 
 def base_adapter_feed(session: ort.InferenceSession) -> dict[str, NDArray[np.generic]]:
-    """A graph taking LoRA adapters (runtime/adapters/layout.py) run as the base model: index 0, zero stacks of one
-    row each (the masks are as wide as the stacks are tall)."""
+    """A graph taking LoRA adapters (runtime/adapters/layout.py) run as the base model: index 0, no slot bound."""
     feed: dict[str, NDArray[np.generic]] = {}
     for graph_input in session.get_inputs():
         if graph_input.name == INDEX_INPUT:
             feed[graph_input.name] = np.zeros(1, np.int64)
         elif graph_input.name.startswith("adapters."):
-            feed[graph_input.name] = np.zeros((1, graph_input.shape[1]), np.float32)  # any common row count
+            rows, columns = graph_input.shape
+            shape = (rows, 0) if isinstance(rows, int) else (0, columns)  # A [in, 0], B [0, out]: nothing bound
+            feed[graph_input.name] = np.zeros(shape, np.float32)
     return feed
 
 

@@ -24,27 +24,30 @@ def test_slots_are_bounded_and_evict_the_least_recently_used_idle_adapter() -> N
     a, b, c = adapter("a", 1.0), adapter("b", 2.0), adapter("c", 3.0)
     assert (slots.acquire(a), slots.acquire(b)) == (1, 2)
     assert slots.acquire(c) is None  # both held by running requests: c waits
-    stack_a, stack_b = slots.inputs["adapters.0.o_proj.A"], slots.inputs["adapters.0.o_proj.B"]
-    np.testing.assert_array_equal(stack_a[0:2], np.full((2, 3), 1.0))  # slot 1: a.T, rows 0..C
-    np.testing.assert_array_equal(stack_b[2:4], np.full((2, 4), 0.5))  # slot 2: b * scale
+    stack_a, stack_b = slots.a_levels["adapters.0.o_proj.A"][2], slots.b_stacks["adapters.0.o_proj.B"]
+    np.testing.assert_array_equal(stack_a[:, 0:2], np.full((3, 2), 1.0))  # slot 1: columns 0..C of A
+    np.testing.assert_array_equal(slots.a_levels["adapters.0.o_proj.A"][1], np.full((3, 2), 1.0))  # narrower copy
+    np.testing.assert_array_equal(stack_b[2:4], np.full((2, 4), 0.5))  # slot 2: rows C..2C of B, b * scale
     slots.release(2)
     slots.release(1)
     assert slots.acquire(a) == 1  # resident: no load, and now the more recently used
     slots.release(1)
     assert slots.acquire(c) == 2  # evicts b, the least recently used idle adapter
-    np.testing.assert_array_equal(stack_a[2:4], np.full((2, 3), 3.0))
+    np.testing.assert_array_equal(stack_a[:, 2:4], np.full((3, 2), 3.0))
     assert slots.resident() == {"sha256:a": 1, "sha256:c": 2}
     assert [load.digest for load in slots.loads] == ["sha256:a", "sha256:b", "sha256:c"]
 
 
 def test_a_step_binds_only_the_slots_its_rows_use() -> None:
     slots = AdapterSlots(LAYOUT, capacity=4, pool_rows=4)
-    assert slots.bound_slots(0, 4) == 1  # base rows only: one slot, masked to zero
+    assert slots.levels == [0, 1, 2, 4]
+    assert slots.bound_slots(0, 4) == 0  # base rows only: nothing bound
     slots.rows[:] = [0, 3, 1, 0]
-    assert (slots.bound_slots(0, 4), slots.bound_slots(2, 4)) == (3, 1)
-    assert {name: view.shape for name, view in slots.views(3).items()} == {
-        "adapters.0.o_proj.A": (6, 3), "adapters.0.o_proj.B": (6, 4)
+    assert (slots.bound_slots(0, 4), slots.bound_slots(2, 4), slots.bound_slots(3, 4)) == (4, 1, 0)
+    assert {name: view.shape for name, view in slots.views(2).items()} == {
+        "adapters.0.o_proj.A": (3, 4), "adapters.0.o_proj.B": (4, 4)
     }  # fmt: skip
+    assert slots.bytes_per_slot == (3 * 2 + 2 * 4) * 4
 
 
 def test_a_removed_adapter_frees_its_slot_once_no_request_holds_it() -> None:
