@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -63,6 +63,7 @@ class BuildResult:
     parity: ReferenceParity
     ops: Counter[str]
     bundle_reused: bool
+    adapters: list[AdapterQuality] = field(default_factory=list)  # each [[adapters]] entry's figures
 
 
 class _Evaluator:
@@ -151,8 +152,9 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
             write_bundle(inputs, target)
             manifest = open_bundle(target).manifest
     return BuildResult(
-        spec, target, manifest, quality, candidates, compared, parity, ops, bundle_reused=step.record.cached
-    )
+        spec, target, manifest, quality, candidates, compared, parity, ops, bundle_reused=step.record.cached,
+        adapters=adapters[2] if adapters is not None else [],
+    )  # fmt: skip
 
 
 def _adapters(

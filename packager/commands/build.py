@@ -115,6 +115,7 @@ def build_report(result: BuildResult | EncoderBuildResult, progress: StepProgres
             ]
             + [{**asdict(c), "passes": c.passes, "chosen": False, "compared_only": True} for c in compared],
         },
+        "adapters": [asdict(a) for a in result.adapters] if isinstance(result, BuildResult) else [],
         "steps": [{"name": r.name, "seconds": round(r.seconds, 3), "cached": r.cached} for r in progress.records],
         "seconds": round(elapsed, 3),
         "image": None,
@@ -176,7 +177,26 @@ def _print_summary(result: BuildResult, progress: StepProgress, elapsed: float) 
             "[green]chosen[/]" if c is result.chosen else verdict,
         )
     console.print(quality)
+    if result.adapters:
+        console.print(_adapter_table(result))
     print_build_outcome(console, result, progress, elapsed)
+
+
+def _adapter_table(result: BuildResult) -> Table:
+    table = Table(title='LoRA adapters (served as model "FUNCTION:NAME"; docs/adapters.md)')
+    for column in ("name", "rank", "modules", "MB", "parity (fp32 + adapter = PyTorch + PEFT)", "top-1", "mean KL"):
+        table.add_column(column, justify="left" if column in ("name", "modules") else "right")
+    for a in result.adapters:
+        table.add_row(
+            f"{result.spec.name}:{a.name}",
+            str(a.rank),
+            ", ".join(a.modules),
+            f"{a.bytes / 1e6:.2f}",
+            f"{a.parity.identical_greedy}/{a.parity.prompts} prompts",
+            f"{a.quality.top1_agreement:.3f}",
+            f"{a.quality.mean_kl:.4f}",
+        )
+    return table
 
 
 def _carried(report: dict[str, Any]) -> str:
