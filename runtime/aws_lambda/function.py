@@ -76,7 +76,7 @@ class LambdaFunction:
     def after_restore(self) -> None:
         """A SnapStart restore: AWS clients get this environment's credentials, clocks start from now, and the
         adapter store is read again (it may have changed since the snapshot)."""
-        from runtime.aws_lambda.adapter_fetch import resync_adapters
+        from runtime.adapters.s3_store import resync_adapters
         from runtime.events.loading import result_store
 
         self.queue.results = result_store(self.args)

@@ -90,7 +90,7 @@ def _bundle(args: argparse.Namespace) -> Path:
 
 def _adapters(args: argparse.Namespace, bundle: Path) -> None:
     """Adapters added with `pkg adapter add --target aws-lambda`: fetched into /tmp and verified, for the engine."""
-    from runtime.aws_lambda.adapter_fetch import LAMBDA, fetch_adapters
+    from runtime.adapters.s3_store import LAMBDA, fetch_adapters
     from runtime.timeline import TIMELINE
 
     with TIMELINE.phase("adapter_fetch"):

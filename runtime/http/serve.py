@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
     def load() -> Engine:
         if args.sagemaker:  # adapters added with `pkg adapter add --target aws-sagemaker`, from the function's bucket
-            from runtime.aws_lambda.adapter_fetch import SAGEMAKER, fetch_adapters
+            from runtime.adapters.s3_store import SAGEMAKER, fetch_adapters
 
             fetch_adapters(args, args.bundle, target=SAGEMAKER)
         engine = load_model(args.bundle, manifest, args)

@@ -24,7 +24,7 @@ from packager.targets.aws import common as aws
 from packager.targets.aws import lambda_function, sagemaker
 from packager.targets.aws.common import Resource
 from packager.targets.aws.resources import BucketDriver, RoleDriver, bucket_name, bucket_resource
-from runtime.aws_lambda import adapter_fetch
+from runtime.adapters import s3_store as adapter_fetch
 from tests.fixtures.moto_server import MotoServer
 
 NAME = "tiny-lora-aws"
@@ -221,5 +221,5 @@ def test_the_start_up_hook_imports_nothing_a_bundle_without_adapters_lacks() -> 
     import subprocess
     import sys
 
-    code = "import sys; sys.modules['safetensors'] = None; import runtime.aws_lambda.adapter_fetch"
+    code = "import sys; sys.modules['safetensors'] = None; import runtime.adapters.s3_store"
     subprocess.run([sys.executable, "-c", code], check=True)

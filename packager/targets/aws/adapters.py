@@ -2,7 +2,7 @@
 
 The store is in the bucket `pkg deploy` made for the function (`onnxfn-F-lambda-ACCOUNT-REGION`, or
 `-sagemaker-`), under `adapters/F/`: `NAME.safetensors` (the converted adapter file, its sha256 in the object's
-metadata too) and `index.json`, the list a starting function reads (format: runtime/aws_lambda/adapter_fetch.py).
+metadata too) and `index.json`, the list a starting function reads (format: runtime/adapters/s3_store.py).
 `add` uploads the file, then writes the index; `remove` writes the index, then deletes the file: a function
 starting meanwhile sees the adapter whole or not at all. The index names the object version it hashed (the
 bucket is versioned), so replacing an adapter never pairs one upload's digest with another's bytes. Two `add`s at
@@ -26,7 +26,7 @@ from packager.spec import FunctionSpec
 from packager.targets.aws import common as aws
 from packager.targets.aws.common import AwsContext
 from packager.targets.aws.resources import bucket_name
-from runtime.aws_lambda.adapter_fetch import (
+from runtime.adapters.s3_store import (
     INDEX_NAME,
     StoredAdapter,
     index_bytes,
