@@ -24,7 +24,7 @@ from packager.targets.aws import common as aws
 from packager.targets.aws import lambda_function, sagemaker
 from packager.targets.aws.common import Resource
 from packager.targets.aws.resources import BucketDriver, RoleDriver, bucket_name, bucket_resource
-from runtime.adapters import s3_store as adapter_fetch
+from runtime.adapters import s3_store
 from tests.fixtures.moto_server import MotoServer
 
 NAME = "tiny-lora-aws"
@@ -71,13 +71,13 @@ def peft(tmp_path_factory: pytest.TempPathFactory, tiny_hf_dir: Path) -> dict[st
 @pytest.fixture
 def aws_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch, project: Path, tmp_path: Path) -> Iterator[None]:
     for variable in ("AWS_PROFILE", "AWS_REGION", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
-                     adapter_fetch.ADAPTERS_S3_ENV, "ONNXFN_BUNDLE_S3"):  # fmt: skip
+                     s3_store.ADAPTERS_S3_ENV, "ONNXFN_BUNDLE_S3"):  # fmt: skip
         monkeypatch.delenv(variable, raising=False)
     for variable, value in {**moto_server.env, "AWS_EC2_METADATA_DISABLED": "true", "COLUMNS": "250"}.items():
         monkeypatch.setenv(variable, value)
-    monkeypatch.setenv(adapter_fetch.ADAPTER_CACHE_ENV, str(tmp_path / "fetched"))
+    monkeypatch.setenv(s3_store.ADAPTER_CACHE_ENV, str(tmp_path / "fetched"))
     monkeypatch.chdir(project)
-    monkeypatch.setattr(adapter_fetch, "_fetched", None)
+    monkeypatch.setattr(s3_store, "_fetched", None)
     yield
     moto_server.reset()
 
@@ -206,13 +206,13 @@ def test_sagemaker_start_fetches_the_store_of_the_deploys_bucket(
     # What `python -m runtime serve BUNDLE --sagemaker` does before loading the engine (no $ONNXFN_ADAPTERS_S3:
     # the bucket is named from STS' account and the region, as the deploy names it).
     args = argparse.Namespace(adapter_dir=None, model_name=NAME, region=None, endpoint_url=None)
-    fetched = adapter_fetch.fetch_adapters(args, project / "build" / NAME / "bundle", target="aws-sagemaker")
+    fetched = s3_store.fetch_adapters(args, project / "build" / NAME / "bundle", target="aws-sagemaker")
     assert fetched is not None and args.adapter_dir == fetched
     assert [p.name for p in fetched.glob("*.safetensors")] == ["upper.safetensors"]
 
     # An unreachable store is logged and skipped: the engine starts with the bundle's adapters only.
     args = argparse.Namespace(adapter_dir=None, model_name="not-deployed", region=None, endpoint_url=None)
-    assert adapter_fetch.fetch_adapters(args, project / "build" / NAME / "bundle", target="aws-sagemaker") is None
+    assert s3_store.fetch_adapters(args, project / "build" / NAME / "bundle", target="aws-sagemaker") is None
     assert args.adapter_dir is None
 
 
