@@ -7,16 +7,13 @@ weights barely compress and a device should not spend its CPU on inflating them.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from packager.errors import UserError
-from runtime.bundle import BundleError, Manifest, open_bundle, read_manifest
-
-_HASH_CHUNK = 1 << 20
+from runtime.bundle import BundleError, Manifest, file_digest, open_bundle, read_manifest
 
 
 @dataclass(frozen=True)
@@ -45,7 +42,7 @@ def archive_bundle(bundle: Path, out_dir: Path) -> BundleArchive:
             for path in sorted(p for p in bundle.rglob("*") if p.is_file()):
                 tar.add(path, arcname=path.relative_to(bundle).as_posix(), recursive=False, filter=_normalized)
         tmp.replace(target)
-    return BundleArchive(target, _sha256(target), target.stat().st_size, manifest)
+    return BundleArchive(target, file_digest(target).sha256, target.stat().st_size, manifest)
 
 
 def _normalized(info: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -54,11 +51,3 @@ def _normalized(info: tarfile.TarInfo) -> tarfile.TarInfo:
     info.mtime = 0
     info.mode = 0o644
     return info
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()

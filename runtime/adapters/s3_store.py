@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.adapters.layout import NAME, AdapterLayout
-from runtime.bundle import BundleError, Manifest, read_manifest
+from runtime.bundle import BundleError, Manifest, file_digest, read_manifest
 
 if TYPE_CHECKING:
     from runtime.engine.engine import Engine
@@ -137,7 +137,7 @@ def _fetch_one(
     if stored.name in bundled:
         return "the bundle ships an adapter of that name"
     final = directory / f"{stored.name}{SUFFIX}"
-    if final.is_file() and _sha256(final) == stored.sha256:
+    if final.is_file() and file_digest(final).sha256 == stored.sha256:
         return None
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".incoming-", suffix=SUFFIX)
     try:
@@ -170,14 +170,6 @@ def _fetch_one(
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as file:
-        while chunk := file.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ---- start-up -------------------------------------------------------------------------------------------------

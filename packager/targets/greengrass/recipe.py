@@ -26,13 +26,13 @@ from packager.edge.archive import BundleArchive
 from packager.errors import UserError
 from packager.image.app_layer import RUNTIME_SOURCE
 from packager.image.base import LAMBDA_DISTRIBUTIONS, runtime_requirements
+from runtime.bundle import file_digest
 
 LAUNCHER_MODULE = "runtime.agent.greengrass_launcher"  # runs on the core device: stdlib and `runtime` only
 RECIPE_FORMAT = "2020-01-25"
 ARCHITECTURES = ("amd64", "aarch64")
 TOKEN_EXCHANGE = "aws.greengrass.TokenExchangeService"
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
-_HASH_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -65,16 +65,8 @@ class Artifacts:
 
 
 def file_artifact(path: Path, prefix: str, suffix: str, *, unarchive: str = "NONE") -> Artifact:
-    digest = sha256_file(path)
+    digest = file_digest(path).sha256
     return Artifact(path, f"{prefix}-{digest[:16]}{suffix}", digest, path.stat().st_size, unarchive)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def build_artifacts(archive: BundleArchive, out_dir: Path) -> Artifacts:
