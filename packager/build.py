@@ -119,7 +119,7 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
     if yardstick is not None:
         beside = _export(source, yardstick, reference, max_context, progress)
         compared.append(_verify(beside, reference, budget, evaluator, progress))
-    adapters = _adapters(spec, source, reference, export, budget, progress)
+    adapters = _adapters(spec, source, architecture, reference, export, budget, progress)
     with tempfile.TemporaryDirectory() as tmp:
         quality_path = Path(tmp) / "quality.json"
         figures = adapter_quality_json(adapters[2]) if adapters is not None else None
@@ -160,6 +160,7 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
 def _adapters(
     spec: FunctionSpec,
     source: SourceModel,
+    architecture: str,
     reference: ExportResult,
     export: ExportResult,
     budget: QualityBudget,
@@ -168,7 +169,7 @@ def _adapters(
     """The function's LoRA adapters: the graph's layout, each adapter read and checked, and each one's figures."""
     if not spec.adapters and not spec.export.adapter_modules:
         return None
-    facts = decoder_facts_of(spec, export.directory, source.hf_dir)
+    facts = decoder_facts_of(spec, export.directory, source.hf_dir, architecture, export.options.precision)
     declared = read_declared(spec, facts, progress)
     plan = graph_plan(spec, declared)
     assert plan is not None  # modules come from the adapters or from export.adapter_modules

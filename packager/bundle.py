@@ -16,7 +16,6 @@ from pathlib import Path
 
 from packager.adapters.build import ADAPTER_DIR, DeclaredAdapter, adapt_graph, bundled_files, manifest_entry
 from packager.errors import UserError
-from packager.export.builder import check_architecture
 from packager.export.gguf import CARRY_REPORT
 from packager.export.prefill import write_prefill_graphs
 from packager.snapshot import add_snapshot
@@ -64,15 +63,13 @@ class BundledAdapters:
 
 
 def model_facts(inputs: BundleInputs) -> ModelFacts:
-    return _facts(inputs.spec, inputs.export_dir, inputs.hf_dir, inputs.architecture, inputs.precision)
+    return decoder_facts_of(inputs.spec, inputs.export_dir, inputs.hf_dir, inputs.architecture, inputs.precision)
 
 
-def decoder_facts_of(spec: FunctionSpec, export_dir: Path, hf_dir: Path) -> ModelFacts:
-    """The facts an export's bundle will declare (architecture and precision as the export's builder saw them)."""
-    return _facts(spec, export_dir, hf_dir, check_architecture(hf_dir), "unknown")
-
-
-def _facts(spec: FunctionSpec, export_dir: Path, hf_dir: Path, architecture: str, precision: str) -> ModelFacts:
+def decoder_facts_of(
+    spec: FunctionSpec, export_dir: Path, hf_dir: Path, architecture: str, precision: str
+) -> ModelFacts:
+    """The facts the bundle of `export_dir` declares (before the bundle is written: adapters are checked with them)."""
     genai = json.loads((export_dir / GENAI_CONFIG).read_text())["model"]
     decoder = genai["decoder"]
     hf_config = json.loads((hf_dir / "config.json").read_text())

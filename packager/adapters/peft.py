@@ -19,6 +19,7 @@ import numpy as np
 
 from packager.adapters.weights import ADAPTABLE_MODULES, LoraMatrices, LoraWeights
 from packager.errors import UserError
+from runtime.adapters.files import safetensors_header
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -118,10 +119,11 @@ def _read_tensors(folder: Path) -> dict[str, np.ndarray]:
 
 
 def _dtypes(path: Path) -> set[str]:
-    """The dtypes a safetensors file declares (its header: a little-endian u64 length, then JSON)."""
-    with path.open("rb") as file:
-        length = int.from_bytes(file.read(8), "little")
-        header = json.loads(file.read(length))
+    """The dtypes a safetensors file declares."""
+    try:
+        header = safetensors_header(path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path} is not a readable safetensors file ({exc}); save the adapter again") from exc
     return {entry["dtype"] for key, entry in header.items() if key != "__metadata__"}
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,17 +51,25 @@ def write_adapter_file(path: Path, adapter: AdapterFile) -> None:
     save_file({k: np.ascontiguousarray(v) for k, v in sorted(adapter.tensors.items())}, str(path), metadata=meta)
 
 
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """A safetensors file's header: a little-endian u64 length, then that many bytes of JSON (its tensors' dtypes,
+    shapes and offsets, and `__metadata__`). `ValueError` when the length claims more than the file holds."""
+    with path.open("rb") as file:
+        length = int.from_bytes(file.read(8), "little")
+        if not 0 < length <= path.stat().st_size - 8:
+            raise ValueError(f"its header claims {length} bytes; the file holds {path.stat().st_size}")
+        header = json.loads(file.read(length))
+    if not isinstance(header, dict):
+        raise ValueError("its header is not a JSON object")
+    return header
+
+
 def read_adapter_file(path: Path) -> AdapterFile:
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
     try:
-        with path.open("rb") as file:  # the metadata sits in the header: a little-endian u64 length, then JSON
-            length = int.from_bytes(file.read(8), "little")
-            if not 0 < length <= path.stat().st_size - 8:
-                raise ValueError(f"its header claims {length} bytes; the file holds {path.stat().st_size}")
-            header = json.loads(file.read(length))
-        meta = header.get("__metadata__") or {}
+        meta = safetensors_header(path).get("__metadata__") or {}
         if meta.get("format") != FORMAT:
             raise AdapterFileError(
                 f"{path.name} is not an onnxfn adapter file (format {meta.get('format')!r}); "
