@@ -9,6 +9,8 @@ The runtime packs it into a slot of the graph's stacked inputs (`pack`), scaling
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 FORMAT = "onnxfn-lora/1"
+_TENSOR_KEY = re.compile(r"^layers\.(\d{1,6})\.([a-z_]{1,32})\.(a|b)$")
 SUFFIX = ".safetensors"
 
 
@@ -76,9 +79,31 @@ def read_adapter_file(path: Path) -> AdapterFile:
                 "convert a PEFT folder or GGUF LoRA with `pkg adapter add`"
             )
         tensors = load_file(str(path))
-        return AdapterFile(int(meta["rank"]), float(meta["scale"]), json.loads(meta["base"]), tensors)
+        adapter = AdapterFile(int(meta["rank"]), float(meta["scale"]), json.loads(meta["base"]), tensors)
     except (OSError, ValueError, KeyError, SafetensorError) as exc:
         raise AdapterFileError(f"cannot read adapter file {path.name}: {exc}") from exc
+    problem = _malformed(adapter)
+    if problem is not None:
+        raise AdapterFileError(f"adapter file {path.name} is malformed: {problem}")
+    return adapter
+
+
+def _malformed(adapter: AdapterFile) -> str | None:
+    """What makes a file that parsed unusable (the runtime may be handed any bytes), or None."""
+    if not 1 <= adapter.rank <= 4096 or not math.isfinite(adapter.scale):
+        return f"rank {adapter.rank} and scale {adapter.scale}; a rank is 1-4096, a scale finite"
+    if not adapter.tensors:
+        return "it holds no tensors"
+    for key, tensor in adapter.tensors.items():
+        match = _TENSOR_KEY.match(key)
+        if match is None:
+            return f"tensor {key!r}: expected layers.N.MODULE.a or .b"
+        if tensor.dtype not in (np.float32, np.float16) or tensor.ndim != 2:
+            return f"tensor {key!r} is {tensor.dtype}{list(tensor.shape)}; expected a float32 or float16 matrix"
+        partner = key[:-1] + ("b" if match[3] == "a" else "a")
+        if partner not in adapter.tensors:
+            return f"tensor {key!r} has no {partner!r}"
+    return None
 
 
 def misfit(adapter: AdapterFile, layout: AdapterLayout) -> str | None:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import numpy as np
+import re
+from pathlib import Path
 
-from runtime.adapters.files import AdapterFile
+import numpy as np
+import pytest
+
+from runtime.adapters.catalog import AdapterCatalog
+from runtime.adapters.files import FORMAT, AdapterFile, AdapterFileError
 from runtime.adapters.layout import AdapterLayout, ModuleRange, Projection
 from runtime.engine.adapter_slots import AdapterSlots, RequestAdapter
 from runtime.engine.kv_cache import KVPool, PrefixCache
@@ -70,3 +75,34 @@ def test_prefix_blocks_are_keyed_by_adapter_and_pins_serve_the_base_only() -> No
     cache.pin(tokens[:5], pool.read(0, 0, 5))
     assert cache.match(tokens)[0].shape[2] == 5  # the base finds the pinned prefix
     assert len(cache.match(tokens, namespace=b"sha256:b")) == 0  # an adapter never does
+
+
+@pytest.mark.parametrize(
+    ("tensors", "rank", "expected"),
+    [
+        ({"bad": np.ones((3, 2), np.float32)}, 2, "expected layers.N.MODULE.a or .b"),
+        ({"layers.0.o_proj.a": np.ones((3, 2), np.float32)}, 2, "has no 'layers.0.o_proj.b'"),
+        ({"layers.0.o_proj.a": np.ones((3, 2), np.int32), "layers.0.o_proj.b": np.ones((2, 4), np.int32)}, 2, "int32"),
+        ({"layers.x.o_proj.a": np.ones((3, 2), np.float32)}, 2, "expected layers.N.MODULE.a or .b"),
+        (
+            {"layers.0.o_proj.a": np.ones((3, 2), np.float32), "layers.0.o_proj.b": np.ones((2, 4), np.float32)},
+            0,
+            "rank",
+        ),
+        ({}, 2, "no tensors"),
+    ],
+)
+def test_a_malformed_adapter_file_is_refused_and_nothing_is_stored(
+    tmp_path: Path, tensors: dict[str, np.ndarray], rank: int, expected: str
+) -> None:
+    """The HTTP and agent routes hand any bytes to the catalog: a file that parses but is unusable is a clear
+    `AdapterFileError` (the routes' 400), never a crash in the engine later."""
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "crafted.safetensors"
+    meta = {"format": FORMAT, "rank": str(rank), "scale": "1.0", "base": "{}"}
+    save_file(tensors, str(path), metadata=meta)
+    catalog = AdapterCatalog(LAYOUT, [], tmp_path / "adapters")
+    with pytest.raises(AdapterFileError, match=re.escape(expected)):
+        catalog.add("crafted", path.read_bytes())
+    assert catalog.names() == [] and not list((tmp_path / "adapters").iterdir())
