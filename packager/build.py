@@ -1,7 +1,10 @@
-"""`pkg build`: source → fp32 reference → candidates under the quality budget → verified bundle.
+"""`pkg build`: source → structure → candidates under the quality budget → verified bundle.
 
-Every expensive result (dequantized folder, each export, each quality evaluation) is cached by the
-digest of its inputs, so an unchanged rebuild only re-checks the bundle.
+The builder runs once, on a weightless model, for the graph's structure (export/structure.py); every precision
+is then written from it and the source one tensor at a time, and verified against an fp32 reference computed a
+few layers at a time (verify/), so a build's memory is bounded by its largest layer, not by the model. Every
+expensive result (the structure, each export, each quality evaluation) is cached by the digest of its inputs,
+so an unchanged rebuild only re-checks the bundle.
 """
 
 from __future__ import annotations
@@ -27,29 +30,29 @@ from packager.bundle import BundledAdapters, BundleInputs, decoder_facts_of, reu
 from packager.cache import cached_json, digest_of
 from packager.encoder.build import EncoderBuildResult, build_encoder_function
 from packager.errors import UserError
-from packager.export.builder import ExportOptions, ExportResult, check_architecture, export_decoder
-from packager.export.gguf import export_gguf
+from packager.export.builder import (
+    ExportOptions,
+    ExportResult,
+    StructureResult,
+    check_architecture,
+    export_decoder,
+    export_key,
+    export_structure,
+)
 from packager.export.graph import check_decoder_graph
 from packager.export.lora import LORA_GRAPH_VERSION
 from packager.export.prefill import PREFILL_GRAPH_VERSION
 from packager.paths import bundle_dir
 from packager.progress import StepProgress
-from packager.quantize import GGUF, REFERENCE, budget_of, candidate_options, yardstick_options
+from packager.quantize import GGUF, budget_of, candidate_options, yardstick_options
 from packager.snapshot import SNAPSHOT_VERSION
 from packager.sources import SourceModel, resolve_source
 from packager.spec import ENCODER_TASKS, FunctionSpec
-from packager.verify import (
-    CandidateQuality,
-    QualityBudget,
-    QualityEvaluator,
-    ReferenceParity,
-    torch_parity,
-    write_quality_json,
-)
+from packager.verify import CandidateQuality, QualityBudget, ReferenceParity, System, Verifier, write_quality_json
 from runtime.adapters.layout import AdapterLayout
 from runtime.bundle import FORMAT_VERSION, Manifest, open_bundle
 
-VERIFY_VERSION = 3  # bump when the quality method changes, to invalidate cached figures
+VERIFY_VERSION = 4  # bump when the quality method changes, to invalidate cached figures
 
 
 @dataclass(frozen=True)
@@ -66,23 +69,6 @@ class BuildResult:
     adapters: list[AdapterQuality] = field(default_factory=list)  # each [[adapters]] entry's figures
 
 
-class _Evaluator:
-    """Creates the `QualityEvaluator` (which computes reference logits) only when a figure is not cached."""
-
-    def __init__(self, reference: ExportResult, progress: StepProgress) -> None:
-        self._reference = reference
-        self._progress = progress
-        self._evaluator: QualityEvaluator | None = None
-
-    def get(self, report: Callable[[int, int], None]) -> QualityEvaluator:
-        if self._evaluator is None:
-            directory = self._reference.directory
-            self._evaluator = QualityEvaluator(
-                directory, directory / "tokenizer.json", _template(directory), progress=report
-            )
-        return self._evaluator
-
-
 def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | EncoderBuildResult:
     if spec.model.task in ENCODER_TASKS:
         return build_encoder_function(spec, progress)
@@ -95,17 +81,22 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
         )
     architecture = check_architecture(source.hf_dir)
     max_context = spec.export.max_context
-    reference = _export(source, REFERENCE, None, max_context, progress)
-    parity = _parity(source, reference, progress)
+    with progress.step("structure", "export the graph's structure (onnxruntime-genai builder, no weights)") as step:
+        structure = export_structure(source)
+        if structure.reused:
+            step.cached()
+    verifier = Verifier(structure, source, max_context)
+    parity = _parity(structure, verifier, progress)
     budget = budget_of(spec.export)
-    evaluator = _Evaluator(reference, progress)
 
     candidates: list[CandidateQuality] = []
     chosen: tuple[ExportResult, CandidateQuality, Counter[str]] | None = None
     for options in candidate_options(spec.export, gguf_source=source.gguf_file is not None):
-        export = _export(source, options, reference, max_context, progress)
+        export = _export(source, structure, options, max_context, progress)
         ops = check_decoder_graph(export.directory / "model.onnx", options.precision)
-        quality = _verify(export, reference, budget, evaluator, progress)
+        quality = _verify(
+            export.key, verifier, budget, lambda e=export: verifier.export_system(e), progress, options.precision
+        )
         candidates.append(quality)
         if quality.passes:
             chosen = (export, quality, ops)
@@ -117,9 +108,12 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
     compared = []
     yardstick = yardstick_options(spec.export, quality.precision, [c.precision for c in candidates])
     if yardstick is not None:
-        beside = _export(source, yardstick, reference, max_context, progress)
-        compared.append(_verify(beside, reference, budget, evaluator, progress))
-    adapters = _adapters(spec, source, architecture, reference, export, budget, progress)
+        # Measured beside, never shipped: made in memory a few layers at a time, not written.
+        key = export_key(structure, yardstick, max_context)
+        compared.append(
+            _verify(key, verifier, budget, lambda: verifier.system(yardstick), progress, yardstick.precision)
+        )
+    adapters = _adapters(spec, source, architecture, structure, export, budget, progress)
     with tempfile.TemporaryDirectory() as tmp:
         quality_path = Path(tmp) / "quality.json"
         figures = adapter_quality_json(adapters[2]) if adapters is not None else None
@@ -161,7 +155,7 @@ def _adapters(
     spec: FunctionSpec,
     source: SourceModel,
     architecture: str,
-    reference: ExportResult,
+    structure: StructureResult,
     export: ExportResult,
     budget: QualityBudget,
     progress: StepProgress,
@@ -175,25 +169,22 @@ def _adapters(
     assert plan is not None  # modules come from the adapters or from export.adapter_modules
     layout = layout_for(export.directory / "model.onnx", facts, *plan)
     check_declared(declared, layout)
-    template = _template(reference.directory)
-    results = verify_adapters(declared, source.hf_dir, reference, export, layout, budget, template, progress)
+    results = verify_adapters(declared, source, structure, export, layout, budget, spec.export.max_context, progress)
     return layout, declared, results
 
 
 def _verify(
-    export: ExportResult,
-    reference: ExportResult,
+    key: str,
+    verifier: Verifier,
     budget: QualityBudget,
-    evaluator: _Evaluator,
+    system: Callable[[], System],
     progress: StepProgress,
+    precision: str,
 ) -> CandidateQuality:
-    precision = export.options.precision
-    with progress.step(f"verify {precision}", f"verify {precision} against fp32") as step:
+    """The quality of the export whose key is `key` (run as `system()` when not cached)."""
+    with progress.step(f"verify {precision}", f"verify {precision} against fp32, a few layers at a time") as step:
         quality, reused = cached_quality(
-            export,
-            reference,
-            budget,
-            lambda: evaluator.get(step.update).evaluate(export.directory, precision, budget, progress=step.update),
+            key, verifier.structure, budget, lambda: verifier.evaluate(system(), precision, budget, step.update)
         )
         if reused:
             step.cached()
@@ -201,48 +192,36 @@ def _verify(
 
 
 def cached_quality(
-    export: ExportResult, reference: ExportResult, budget: QualityBudget, measure: Callable[[], CandidateQuality]
+    key: str, structure: StructureResult, budget: QualityBudget, measure: Callable[[], CandidateQuality]
 ) -> tuple[CandidateQuality, bool]:
-    """`export`'s quality against `reference` under `budget`: `(figures, reused)`, `measure`d only when no build or
-    bench filed them yet (packager/bench/quality.py reads the same entries)."""
-    key = digest_of("quality", VERIFY_VERSION, export.key, reference.key, asdict(budget))
-    data, reused = cached_json("quality", key, lambda: asdict(measure()))
+    """The quality of the export whose key is `key` against `structure`'s fp32 reference under `budget`:
+    `(figures, reused)`, `measure`d only when no build or bench filed them yet (packager/bench/quality.py reads the
+    same entries)."""
+    entry = digest_of("quality", VERIFY_VERSION, key, structure.key, asdict(budget))
+    data, reused = cached_json("quality", entry, lambda: asdict(measure()))
     return CandidateQuality(**{**data, "failures": tuple(data["failures"])}), reused
 
 
 def _export(
-    source: SourceModel,
-    options: ExportOptions,
-    reference: ExportResult | None,
-    max_context: int,
-    progress: StepProgress,
+    source: SourceModel, structure: StructureResult, options: ExportOptions, max_context: int, progress: StepProgress
 ) -> ExportResult:
-    """The export of `options`; `reference`: the fp32 export (None while it is made), which `gguf` starts from."""
-    if options == REFERENCE and reference is not None:
-        return reference
-    if options.precision == GGUF:
-        assert source.gguf_file is not None and reference is not None
-        with progress.step("export gguf", f"carry {source.gguf_file.name}'s own blocks into the fp32 graph") as step:
-            result = export_gguf(source.gguf_file, source.content_key, reference, options, max_context)
-            if result.reused:
-                step.cached()
-        return result
-    with progress.step(
-        f"export {options.precision}", f"export {options.precision} ONNX (onnxruntime-genai builder)"
-    ) as step:
-        result = export_decoder(source.hf_dir, source.content_key, options)
+    what = {
+        "gguf": f"carry {source.gguf_file.name if source.gguf_file else 'the GGUF'}'s own blocks into the graph",
+        "fp32": "write the fp32 graph's weights",
+    }.get(options.precision, f"quantize the graph's weights to {options.precision}")
+    with progress.step(f"export {options.precision}", f"{what}, one tensor at a time") as step:
+        result = export_decoder(source, structure, options, max_context)
         if result.reused:
             step.cached()
     return result
 
 
-def _parity(source: SourceModel, reference: ExportResult, progress: StepProgress) -> ReferenceParity:
-    with progress.step("parity", "check fp32 ONNX greedy tokens against PyTorch") as step:
-        directory = reference.directory
+def _parity(structure: StructureResult, verifier: Verifier, progress: StepProgress) -> ReferenceParity:
+    with progress.step("parity", "check the fp32 graph against PyTorch, a few layers at a time") as step:
         data, reused = cached_json(
             "parity",
-            digest_of("parity", VERIFY_VERSION, reference.key),
-            lambda: asdict(torch_parity(source.hf_dir, directory, directory / "tokenizer.json", _template(directory))),
+            digest_of("parity", VERIFY_VERSION, structure.key, verifier.max_positions),
+            lambda: asdict(verifier.parity(progress=step.update)),
         )
         if reused:
             step.cached()
@@ -253,11 +232,6 @@ def _parity(source: SourceModel, reference: ExportResult, progress: StepProgress
             f"{parity.prompts} prompts (first divergences: {parity.first_divergence}); the export is wrong, not lossy"
         )
     return parity
-
-
-def _template(export_dir: Path) -> str | None:
-    path = export_dir / "chat_template.jinja"
-    return path.read_text() if path.is_file() else None
 
 
 def _budget_failure(spec: FunctionSpec, candidates: list[CandidateQuality]) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from packager.adapters.build import ADAPTER_DIR, DeclaredAdapter, adapt_graph, bundled_files, manifest_entry
 from packager.errors import UserError
-from packager.export.gguf import CARRY_REPORT
+from packager.export.builder import CARRY_REPORT
 from packager.export.prefill import write_prefill_graphs
 from packager.snapshot import add_snapshot
 from packager.spec import FunctionSpec
@@ -163,7 +163,10 @@ def _assemble(inputs: BundleInputs, out: Path) -> Manifest:
             if name in MODEL_FILES or name == "tokenizer.json":
                 raise UserError(f"the export at {inputs.export_dir} lacks {name}; delete it and rebuild")
             continue
-        shutil.copyfile(source, out / name)
+        if name == "model.onnx.data":
+            _link_or_copy(source, out / name)  # the export's weights, not a second copy on disk
+        else:
+            shutil.copyfile(source, out / name)
         if name == "model.onnx" and inputs.adapters is not None:
             adapt_graph(out / name, inputs.adapters.layout)  # before the prefill graphs are derived from it
             files[name] = file_digest(out / name)
@@ -204,6 +207,15 @@ def _assemble(inputs: BundleInputs, out: Path) -> Manifest:
             with path.open("rb") as f:
                 os.fsync(f.fileno())
     return manifest
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A hard link where the cache and the bundle share a filesystem (both files are only ever replaced, never
+    written in place), else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def _replace_dir(new: Path, target: Path) -> None:

@@ -27,6 +27,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from packager.memory import PeakRss
 from packager.spec import FunctionSpec
 
 
@@ -36,6 +37,7 @@ class StepRecord:
     seconds: float = 0.0
     cached: bool = False
     detail: str = ""
+    peak_rss: int = 0  # bytes: this process and its children, the largest sum sampled during the step
 
 
 class _Count(ProgressColumn):
@@ -70,6 +72,18 @@ class StepProgress:
         record = StepRecord(name)
         self.records.append(record)
         start = time.perf_counter()
+        with PeakRss() as peak, self._display(description, record) as handle:
+            yield handle
+        record.seconds = time.perf_counter() - start
+        record.peak_rss = peak.bytes
+        mark = "[dim](cached)[/]" if record.cached else ""
+        memory = f", peak RSS {record.peak_rss / 2**30:.2f} GiB" if not record.cached else ""
+        self.console.print(
+            f"[green]✓[/] {description} {mark} [dim]{record.seconds:.1f}s{memory}[/]", highlight=False
+        )
+
+    @contextmanager
+    def _display(self, description: str, record: StepRecord) -> Iterator[StepHandle]:
         if not self.console.is_terminal:  # a log or a pipe: the ✓ line alone, no spinner frames or blank lines
             yield StepHandle(None, None, record)
         else:
@@ -83,9 +97,6 @@ class StepProgress:
                 transient=True,
             ) as progress:
                 yield StepHandle(progress, progress.add_task(description, total=None), record)
-        record.seconds = time.perf_counter() - start
-        mark = "[dim](cached)[/]" if record.cached else ""
-        self.console.print(f"[green]✓[/] {description} {mark} [dim]{record.seconds:.1f}s[/]", highlight=False)
 
 
 class _Candidate(Protocol):
@@ -114,11 +125,14 @@ def print_build_outcome(console: Console, result: _Built, progress: StepProgress
         for failure in candidate.failures:
             console.print(f"  [red]{candidate.precision}[/]: {failure}", highlight=False)
     steps = Table(title="steps")
-    for column in ("step", "seconds", "cache"):
+    for column in ("step", "seconds", "share", "peak RSS GiB", "cache"):
         steps.add_column(column)
     for record in progress.records:
-        steps.add_row(record.name, f"{record.seconds:.1f}", "reused" if record.cached else "built")
-    steps.add_row("[bold]total[/]", f"[bold]{elapsed:.1f}[/]", "")
+        share = f"{100 * record.seconds / elapsed:.0f}%" if elapsed > 0 else ""
+        memory = "" if record.cached else f"{record.peak_rss / 2**30:.2f}"
+        steps.add_row(record.name, f"{record.seconds:.1f}", share, memory, "reused" if record.cached else "built")
+    peak = max((r.peak_rss for r in progress.records), default=0)
+    steps.add_row("[bold]total[/]", f"[bold]{elapsed:.1f}[/]", "", f"[bold]{peak / 2**30:.2f}[/]", "")
     console.print(steps)
     state = "reused unchanged" if result.bundle_reused else "written"
     console.print(f"bundle {state}: [bold]{result.bundle}[/]", highlight=False)

@@ -1,10 +1,11 @@
 """`pkg build` for `[[adapters]]`: read and check each adapter, plan the graph's adapter inputs, measure each one.
 
-Each adapter gets the two figures the base gets (packager/verify.py), on graphs that take adapters:
-- parity: the fp32 export with the adapter in slot 1 against PyTorch with the adapter merged (PEFT's
-  `merge_and_unload` for a PEFT folder; the same sum, `W + scale * (a @ b)`, for a GGUF LoRA): greedy tokens equal;
-- quality: the chosen precision with the adapter against the fp32 export with it, under the function's budget.
-The base stays quantized; the adapter computes in fp32 beside it.
+Each adapter gets the two figures the base gets (packager/verify/), on graphs that take adapters:
+- parity: the fp32 graph with the adapter in slot 1 against PyTorch with it merged, `W + scale * (a @ b)^T` on
+  each adapted weight as it is read (PEFT's `merge_and_unload` computes the same sum; tests check our reading of
+  PEFT folders against it): the same top-1 at every answer position;
+- quality: the chosen precision with the adapter against the fp32 graph with it, under the function's budget.
+Both run a few layers at a time, like the base's. The base stays quantized; the adapter computes in fp32 beside it.
 """
 
 from __future__ import annotations
@@ -20,20 +21,21 @@ import numpy as np
 import onnx
 
 from packager.adapters.convert import check_fits, read_adapter_source, to_adapter_file
-from packager.adapters.peft import is_peft_folder
 from packager.adapters.weights import LoraWeights
 from packager.cache import cached_dir, cached_json, digest_of
 from packager.errors import UserError
-from packager.export.builder import ExportResult
+from packager.export.builder import ExportOptions, ExportResult, StructureResult, precision_rewrite
 from packager.export.lora import LORA_GRAPH_VERSION, add_adapter_inputs, plan_layout
+from packager.export.materialize import Structure
 from packager.progress import StepProgress
+from packager.sources import SourceModel
 from packager.spec import FunctionSpec
-from packager.verify import CandidateQuality, QualityBudget, QualityEvaluator, ReferenceParity, torch_parity
+from packager.verify import CandidateQuality, ExportSystem, QualityBudget, ReferenceParity, StructureSystem, Verifier
 from runtime.adapters.files import AdapterFile, pack
 from runtime.adapters.layout import INDEX_INPUT, AdapterLayout
 from runtime.bundle import ModelFacts
 
-ADAPTER_VERIFY_VERSION = 1  # bump when the figures below change meaning
+ADAPTER_VERIFY_VERSION = 2  # bump when the figures below change meaning
 DEFAULT_RANK = 16  # the rank a graph takes when the function declares modules but no adapter
 ADAPTER_DIR = "adapters"  # in the bundle
 
@@ -112,32 +114,37 @@ def adapter_feeds(adapter: AdapterFile, layout: AdapterLayout) -> dict[str, np.n
 
 def verify_adapters(
     declared: list[DeclaredAdapter],
-    hf_dir: Path,
-    reference: ExportResult,
+    source: SourceModel,
+    structure: StructureResult,
     chosen: ExportResult,
     layout: AdapterLayout,
     budget: QualityBudget,
-    template: str | None,
+    max_positions: int,
     progress: StepProgress,
 ) -> list[AdapterQuality]:
     if not declared:
         return []
-    reference_dir = adapted_export(reference, layout)
+    adapted = onnx.ModelProto()
+    adapted.CopyFrom(structure.structure.model)
+    add_adapter_inputs(adapted, layout)
     chosen_dir = adapted_export(chosen, layout)
     results = []
     for adapter in declared:
         key = digest_of(
-            "adapter-quality", ADAPTER_VERIFY_VERSION, LORA_GRAPH_VERSION, adapter.digest, reference.key, chosen.key,
-            layout.to_json(), asdict(budget),
+            "adapter-quality", ADAPTER_VERIFY_VERSION, LORA_GRAPH_VERSION, adapter.digest, structure.key, chosen.key,
+            layout.to_json(), asdict(budget), max_positions,
         )  # fmt: skip
-        with progress.step(f"verify {adapter.name}", f"verify adapter {adapter.name} against PyTorch + PEFT") as step:
-            feeds = adapter_feeds(adapter.file, layout)
+        with progress.step(f"verify {adapter.name}", f"verify adapter {adapter.name} against PyTorch + it") as step:
 
-            def measure(adapter: DeclaredAdapter = adapter, feeds: dict[str, np.ndarray] = feeds) -> dict[str, Any]:
-                tokenizer = reference_dir / "tokenizer.json"
-                parity = torch_parity(hf_dir, reference_dir, tokenizer, template, feeds=feeds, adapt=_merger(adapter))
-                evaluator = QualityEvaluator(reference_dir, tokenizer, template, feeds=feeds, progress=step.update)
-                quality = evaluator.evaluate(chosen_dir, chosen.options.precision, budget, progress=step.update)
+            def measure(adapter: DeclaredAdapter = adapter) -> dict[str, Any]:
+                feeds = adapter_feeds(adapter.file, layout)
+                reference = Structure(structure.directory, adapted)
+                rewrite = precision_rewrite(reference, source, ExportOptions("fp32"), max_positions)
+                system = StructureSystem(reference, rewrite, "fp32")
+                verifier = Verifier(structure, source, max_positions, extra=feeds, graph=system)
+                parity = verifier.parity(adapt=_merger(adapter), progress=step.update)
+                candidate = ExportSystem(chosen_dir, chosen.options.precision)
+                quality = verifier.evaluate(candidate, chosen.options.precision, budget, step.update)
                 return {"parity": asdict(parity), "quality": asdict(quality)}
 
             data, reused = cached_json("adapter-quality", key, measure)
@@ -181,30 +188,22 @@ def _link(source: Path, target: Path) -> None:
 
 
 def _merger(adapter: DeclaredAdapter) -> Any:
-    """PyTorch's adapted model: PEFT's own merge for a PEFT folder, `W += scale * (a @ b).T` for a GGUF LoRA."""
-    if is_peft_folder(adapter.source):
+    """PyTorch's weight with the adapter merged, as each is read: `W + scale * (a @ b)^T` on the adapted ones."""
+    deltas = {}
+    for (layer, module), m in adapter.weights.matrices.items():
+        deltas[(layer, module)] = adapter.weights.scale * (m.a.astype(np.float32) @ m.b.astype(np.float32)).T
 
-        def merge_peft(model: Any) -> Any:
-            from peft import PeftModel
-
-            return PeftModel.from_pretrained(model, str(adapter.source)).merge_and_unload()
-
-        return merge_peft
-
-    def merge_lora(model: Any) -> Any:
+    def merge(name: str, tensor: Any) -> Any:
         import torch
 
-        modules = dict(model.named_modules())
-        with torch.no_grad():
-            for (layer, module), m in adapter.weights.matrices.items():
-                (linear,) = [v for k, v in modules.items() if k.endswith(f"layers.{layer}.self_attn.{module}")] or [
-                    v for k, v in modules.items() if k.endswith(f"layers.{layer}.mlp.{module}")
-                ]
-                delta = adapter.weights.scale * (m.a.astype(np.float32) @ m.b.astype(np.float32))
-                linear.weight += torch.from_numpy(delta.T.copy())
-        return model
+        parts = name.split(".")
+        if parts[-1] != "weight" or "layers" not in parts:
+            return tensor
+        layer = int(parts[parts.index("layers") + 1])
+        delta = deltas.get((layer, parts[-2]))
+        return tensor if delta is None else tensor + torch.from_numpy(np.ascontiguousarray(delta))
 
-    return merge_lora
+    return merge
 
 
 def _check(results: list[AdapterQuality]) -> None:

@@ -152,7 +152,7 @@ def _print_summary(result: BuildResult, progress: StepProgress, elapsed: float) 
         "ops",
         ", ".join(f"{op} {result.ops[op]}" for op in fused if result.ops[op]) + f"; {sum(result.ops.values())} nodes",
     )
-    from packager.export.gguf import CARRY_REPORT  # loaded by the build already
+    from packager.export.builder import CARRY_REPORT  # loaded by the build already
 
     if CARRY_REPORT in manifest.files:
         summary.add_row("gguf", _carried(json.loads((result.bundle / CARRY_REPORT).read_text())))

@@ -1,13 +1,16 @@
-"""Save an ONNX graph with its weights in one external data file, page-aligned, and tensors that share bytes.
+"""Write an ONNX graph's weights into one external data file as they are made, page-aligned, tensors sharing bytes.
 
-ONNX Runtime maps a page-aligned external tensor from the file instead of reading it into the heap, and
-two initializers may point at the same bytes (a tied embedding read by GatherBlockQuantized as
-`[vocab, K * bits / 8]` and by MatMulNBits as `[vocab, blocks, block bytes]`), so neither is stored twice.
+Each initializer is written the moment it is added and then forgotten (only its place in the file is kept), so
+writing a model holds one tensor at a time, never the model. ONNX Runtime maps a page-aligned external tensor
+from the file instead of reading it into the heap, and two initializers may point at the same bytes (a tied
+embedding read by GatherBlockQuantized as `[vocab, K * bits / 8]` and by MatMulNBits as
+`[vocab, blocks, block bytes]`), so neither is stored twice.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import onnx
@@ -15,6 +18,7 @@ from onnx import TensorProto, helper
 
 PAGE = 4096
 INLINE_LIMIT = 1024  # smaller tensors stay inside the graph file
+_CHUNK = 64 << 20  # bytes written per call: a view of the array, never a copy of all of it
 
 
 def external_tensor(
@@ -28,60 +32,67 @@ def external_tensor(
     return tensor
 
 
-class WeightFile:
-    """Collects a graph's initializers as arrays, then writes them to `<graph>.data` and the graph beside it."""
+def write_array(out: BinaryIO, array: np.ndarray) -> None:
+    """`array`'s bytes in C order, in chunks (a `tobytes()` of a multi-GB tensor would double it in memory)."""
+    flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    for start in range(0, flat.size, _CHUNK):
+        out.write(flat[start : start + _CHUNK].data)
 
-    def __init__(self) -> None:
-        self._arrays: dict[str, np.ndarray] = {}
-        self._types: dict[str, int] = {}  # data types numpy has no dtype for (bfloat16, stored as uint16 bits)
-        self._aliases: dict[str, tuple[str, tuple[int, ...]]] = {}  # name -> (array name, its dims)
+
+class WeightFile:
+    """The initializers of the graph to be saved at `graph_path`, written to `graph_path.data` as they are added."""
+
+    def __init__(self, graph_path: Path) -> None:
+        self.graph_path = graph_path
+        self.location = graph_path.name + ".data"
+        self._out = (graph_path.parent / self.location).open("wb")
+        self._offset = 0
+        self._tensors: dict[str, TensorProto] = {}  # name -> its proto: external (offset, length) or inline
+        self._sizes: dict[str, int] = {}  # name -> element count
+        self.bytes_written = 0
 
     def add(self, name: str, array: np.ndarray, data_type: int | None = None) -> str:
         """`data_type`: the TensorProto type of the bytes when it is not `array`'s own (BFLOAT16 in uint16)."""
-        if name in self._arrays or name in self._aliases:
+        if name in self._tensors:
             raise ValueError(f"initializer {name!r} added twice")
-        self._arrays[name] = np.ascontiguousarray(array)
-        if data_type is not None:
-            self._types[name] = data_type
+        data_type = data_type if data_type is not None else helper.np_dtype_to_tensor_dtype(array.dtype)
+        if array.nbytes < INLINE_LIMIT:
+            proto = TensorProto(name=name, data_type=data_type, dims=array.shape, raw_data=array.tobytes())
+        else:
+            if array.nbytes >= PAGE:
+                padding = -self._offset % PAGE
+                self._out.write(b"\0" * padding)
+                self._offset += padding
+            proto = external_tensor(name, data_type, array.shape, self.location, self._offset, array.nbytes)
+            write_array(self._out, array)
+            self._offset += array.nbytes
+            self.bytes_written += array.nbytes
+        self._tensors[name] = proto
+        self._sizes[name] = int(array.size)
         return name
 
     def alias(self, name: str, of: str, dims: tuple[int, ...]) -> str:
         """`name` reads the bytes of `of` with other (same-sized) dims."""
-        if int(np.prod(dims)) != self._arrays[of].size:
-            raise ValueError(f"{name!r}: dims {dims} do not cover {of!r}'s {self._arrays[of].size} elements")
-        self._aliases[name] = (of, dims)
+        if int(np.prod(dims)) != self._sizes[of]:
+            raise ValueError(f"{name!r}: dims {dims} do not cover {of!r}'s {self._sizes[of]} elements")
+        alias = TensorProto()
+        alias.CopyFrom(self._tensors[of])
+        alias.name = name
+        del alias.dims[:]
+        alias.dims.extend(dims)
+        self._tensors[name] = alias
+        self._sizes[name] = self._sizes[of]
         return name
 
     def __contains__(self, name: str) -> bool:
-        return name in self._arrays or name in self._aliases
+        return name in self._tensors
 
-    def save(self, model: onnx.ModelProto, path: Path) -> None:
-        """Replace the graph's initializers with the collected ones and write `path` and `path.data`."""
-        location = path.name + ".data"
-        tensors: dict[str, TensorProto] = {}
-        offset = 0
-        with (path.parent / location).open("wb") as out:
-            for name, array in self._arrays.items():
-                data_type = self._types.get(name, helper.np_dtype_to_tensor_dtype(array.dtype))
-                if array.nbytes < INLINE_LIMIT:
-                    tensors[name] = TensorProto(
-                        name=name, data_type=data_type, dims=array.shape, raw_data=array.tobytes()
-                    )
-                    continue
-                if array.nbytes >= PAGE:
-                    padding = -offset % PAGE
-                    out.write(b"\0" * padding)
-                    offset += padding
-                tensors[name] = external_tensor(name, data_type, array.shape, location, offset, array.nbytes)
-                out.write(array.tobytes())
-                offset += array.nbytes
-        for name, (of, dims) in self._aliases.items():
-            alias = TensorProto()
-            alias.CopyFrom(tensors[of])
-            alias.name = name
-            del alias.dims[:]
-            alias.dims.extend(dims)
-            tensors[name] = alias
+    def save(self, model: onnx.ModelProto) -> None:
+        """Close the data file and write `model` with the added initializers (replacing its own) at `graph_path`."""
+        self._out.close()
         del model.graph.initializer[:]
-        model.graph.initializer.extend(tensors.values())
-        onnx.save(model, str(path))
+        model.graph.initializer.extend(self._tensors.values())
+        onnx.save(model, str(self.graph_path))
+
+    def discard(self) -> None:
+        self._out.close()

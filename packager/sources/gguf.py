@@ -1,8 +1,10 @@
-"""GGUF → fp32 Hugging Face folder, through transformers' GGUF loader, cached by the file's sha256.
+"""A GGUF file's model as a Hugging Face folder without weights: config.json and the tokenizer, cached by the
+file's sha256. The weights stay in the file and are read from it one tensor at a time (sources/weights.py).
 
-The builder cannot read quantized GGUF (only fp16/fp32), so quantized weights are dequantized first.
-Found on transformers 5: `save_pretrained` refuses a GGUF-loaded model ("quantized with gguf and is
-not serializable") until the quantizer is detached; the weights are plain fp32 tensors by then.
+`dequantized_folder` still writes the whole model as fp32 safetensors, for the tools that want a complete
+folder (the bench's transformers baseline, the tests' PEFT training); `pkg build` never calls it. Found on
+transformers 5: `save_pretrained` refuses a GGUF-loaded model ("quantized with gguf and is not serializable")
+until the quantizer is detached; the weights are plain fp32 tensors by then.
 
 The tokenizer and chat template come from a `tokenizer.json` (with its `tokenizer_config.json`) lying beside
 the GGUF file when there is one, else from the GGUF's own metadata through transformers' converter; the
@@ -24,6 +26,7 @@ from packager.export.architectures import SUPPORTED_DECODERS
 from packager.progress import StepProgress
 
 DEQUANTIZE_VERSION = 2  # bump when the conversion below changes, to invalidate cached folders
+CONFIG_VERSION = 1  # bump when the config folder below changes
 BESIDE_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 # GGUF `general.architecture` names whose transformers `model_type` differs.
 _MODEL_TYPES = {"gemma3": "gemma3_text"}
@@ -62,16 +65,57 @@ def _gguf_name(model_type: str) -> str:
     return next((gguf for gguf, mapped in _MODEL_TYPES.items() if mapped == model_type), model_type)
 
 
-def dequantize_gguf(
-    gguf_path: Path, sha256: str, source: str, progress: StepProgress, *, tokenizer_from: Path
-) -> tuple[Path, str, bool]:
-    """Return `(hf_dir, its content key, reused)` for the GGUF file with that sha256; a tokenizer in `tokenizer_from`
-    wins over the GGUF's own."""
-    gguf_architecture(gguf_path)
+def _beside(tokenizer_from: Path) -> tuple[list[Path], str]:
     beside = [tokenizer_from / n for n in BESIDE_TOKENIZER_FILES if (tokenizer_from / n).is_file()]
     if not any(p.name == "tokenizer.json" for p in beside):
         beside = []
-    tokenizer_key = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in beside)).hexdigest()[:16]
+    return beside, hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in beside)).hexdigest()[:16]
+
+
+def gguf_config_folder(
+    gguf_path: Path, sha256: str, source: str, progress: StepProgress, *, tokenizer_from: Path
+) -> tuple[Path, str, bool]:
+    """Return `(folder, the model's content key, reused)`: config.json and the tokenizer of the GGUF file with that
+    sha256; a tokenizer in `tokenizer_from` wins over the GGUF's own."""
+    gguf_architecture(gguf_path)
+    beside, tokenizer_key = _beside(tokenizer_from)
+    with progress.step("config", f"read {gguf_path.name}'s config and tokenizer") as step:
+
+        def produce(out: Path) -> None:
+            _write_config(gguf_path, out, beside, source)
+
+        key = f"{sha256}-{tokenizer_key}-c{CONFIG_VERSION}"
+        folder, reused = cached_dir("gguf-config", key, produce)
+        if reused:
+            step.cached(str(folder))
+    return folder, key, reused
+
+
+def _write_config(gguf_path: Path, out: Path, beside: list[Path], source: str) -> None:
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    config.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)  # what saving the model would write beside it
+    if beside:
+        for path in beside:
+            shutil.copyfile(path, out / path.name)
+        return
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tokenizer.save_pretrained(out)
+    check_tokenizer(out / "tokenizer.json", tokenizer, source)
+
+
+def dequantized_folder(
+    gguf_path: Path, sha256: str, source: str, progress: StepProgress, *, tokenizer_from: Path
+) -> tuple[Path, str, bool]:
+    """Return `(hf_dir, its content key, reused)`: the whole model as an fp32 Hugging Face folder (tools, not builds:
+    it holds the fp32 model in memory and on disk)."""
+    gguf_architecture(gguf_path)
+    beside, tokenizer_key = _beside(tokenizer_from)
     with progress.step("dequantize", f"dequantize {gguf_path.name} to fp32") as step:
 
         def produce(out: Path) -> None:

@@ -7,14 +7,15 @@ operator per run of rows, their outputs concatenated.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
-from packager.export.external_data import WeightFile
 from packager.export.gguf.blocks import BlockWeight
+from packager.export.materialize import Sink
 
 MS_DOMAIN = "com.microsoft"
 
@@ -33,6 +34,31 @@ class FloatWeight:
 
 
 Weight = BlockWeight | FloatWeight
+
+
+class WeightRef:
+    """A weight known by its key, layout and shape; its arrays are read (`load`) only when one is written.
+
+    Several nodes may share a key (a tied embedding and lm_head): the first writes the arrays, the others only
+    name them, so a weight is read again only for an array no earlier node wrote.
+    """
+
+    def __init__(self, key: str, layout: object, shape: tuple[int, int], read: Callable[[], Weight]) -> None:
+        self.key = key
+        self.layout = layout
+        self.shape = shape
+        self._read = read
+        self._weight: Weight | None = None
+
+    def load(self) -> Weight:
+        if self._weight is None:
+            self._weight = self._read()
+        return self._weight
+
+
+def loaded(key: str, weight: Weight) -> WeightRef:
+    """A ref to a weight already in memory."""
+    return WeightRef(key, weight.layout, weight.values.shape, lambda: weight)  # type: ignore[arg-type]
 
 
 def _nibbles(values: np.ndarray) -> np.ndarray:
@@ -60,7 +86,7 @@ def pack_zero_points(weight: BlockWeight) -> np.ndarray:
 class GraphBuilder:
     """New nodes and initializers for one graph; block sums of an input are computed once for all its consumers."""
 
-    weights: WeightFile
+    weights: Sink
     accuracy_level: int
     nodes: list[NodeProto] = field(default_factory=list)
     _block_sums: dict[tuple[str, int], str] = field(default_factory=dict)
@@ -71,49 +97,57 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op, inputs, [output], name=name, domain=domain, **attributes))
         return output
 
-    def constant(self, name: str, array: np.ndarray, data_type: int | None = None) -> str:
-        return name if name in self.weights else self.weights.add(name, array, data_type)
+    def constant(self, name: str, array: np.ndarray | Callable[[], np.ndarray], data_type: int | None = None) -> str:
+        """`name`, added with `array` (or what `array()` makes) unless the sink has it already."""
+        if name in self.weights:
+            return name
+        return self.weights.add(name, array() if callable(array) else array, data_type)
 
-    def matmul(self, x: str, output: str, runs: list[tuple[str, Weight]], name: str) -> None:
-        """`output = x @ W.T` for W the rows of `runs` (each `(key, weight)`, in order), keyed for reuse."""
+    def matmul(self, x: str, output: str, runs: list[WeightRef], name: str) -> None:
+        """`output = x @ W.T` for W the rows of `runs` (in order), keyed for reuse."""
         if len(runs) == 1:
-            self._matmul_run(x, output, *runs[0], name)
+            self._matmul_run(x, output, runs[0], name)
             return
-        parts = [self._matmul_run(x, f"{output}/run{i}", key, w, f"{name}/run{i}") for i, (key, w) in enumerate(runs)]
+        parts = [self._matmul_run(x, f"{output}/run{i}", ref, f"{name}/run{i}") for i, ref in enumerate(runs)]
         self.node("Concat", parts, output, f"{name}/Concat", axis=-1)
 
-    def matmul_split(self, x: str, outputs: list[str], key: str, weight: Weight, sizes: list[int], name: str) -> None:
+    def matmul_split(self, x: str, outputs: list[str], ref: WeightRef, sizes: list[int], name: str) -> None:
         """`outputs` = `x @ W.T` split along its last axis into `sizes`: several projections of `x` as one matmul."""
-        joined = self._matmul_run(x, f"{name}/output", key, weight, name)
+        joined = self._matmul_run(x, f"{name}/output", ref, name)
         split = self.constant(f"gguf.split.{'_'.join(map(str, sizes))}", np.array(sizes, np.int64))
         self.nodes.append(helper.make_node("Split", [joined, split], outputs, name=f"{name}/Split", axis=-1))
 
-    def _matmul_run(self, x: str, output: str, key: str, weight: Weight, name: str) -> str:
-        if isinstance(weight, FloatWeight):
-            stored = self.constant(f"{key}.T", np.ascontiguousarray(weight.values.T), weight.data_type)
-            if weight.data_type != TensorProto.FLOAT:
+    def _matmul_run(self, x: str, output: str, ref: WeightRef, name: str) -> str:
+        key = ref.key
+        rows, k = ref.shape
+        if ref.layout[0] == "float":  # type: ignore[index]
+            data_type = ref.layout[1]  # type: ignore[index]
+            stored = self.constant(f"{key}.T", lambda: np.ascontiguousarray(ref.load().values.T), data_type)
+            if data_type != TensorProto.FLOAT:
                 stored = self.node("Cast", [stored], f"{key}.T/float", f"{name}/Cast", to=TensorProto.FLOAT)
             return self.node("MatMul", [x, stored], output, name)
-        rows, k = weight.values.shape
-        inputs = [x, self._packed_blocks(key, weight), self.constant(f"{key}.scales", weight.scales)]
-        if weight.zero_points is not None:
-            inputs.append(self.constant(f"{key}.zero_points", pack_zero_points(weight)))
-        main = output if weight.residual is None else f"{output}/blocks"
+        bits, block_size, has_zero, has_residual = ref.layout  # type: ignore[misc]
+        inputs = [x, self._packed_blocks(ref), self.constant(f"{key}.scales", lambda: _blocks(ref).scales)]
+        if has_zero:
+            inputs.append(self.constant(f"{key}.zero_points", lambda: pack_zero_points(_blocks(ref))))
+        main = output if not has_residual else f"{output}/blocks"
         self.node(
             "MatMulNBits", inputs, main, f"{name}/MatMulNBits",
-            K=k, N=rows, bits=weight.bits, block_size=weight.block_size, accuracy_level=self.accuracy_level,
+            K=k, N=rows, bits=bits, block_size=block_size, accuracy_level=self.accuracy_level,
         )  # fmt: skip
-        if weight.residual is None:
+        if not has_residual:
             return output
-        residual = self.constant(f"{key}.residual_t", np.ascontiguousarray(weight.residual.T))
-        sums = self._block_sum(x, k, weight.block_size, name)
+        residual = self.constant(
+            f"{key}.residual_t", lambda: np.ascontiguousarray(_blocks(ref).residual.T)  # type: ignore[union-attr]
+        )
+        sums = self._block_sum(x, k, block_size, name)
         correction = self.node("MatMul", [sums, residual], f"{output}/residual", f"{name}/residual/MatMul")
         return self.node("Add", [main, correction], output, f"{name}/residual/Add")
 
-    def _packed_blocks(self, key: str, weight: BlockWeight) -> str:
-        if key not in self._packed:
-            self._packed[key] = self.constant(f"{key}.blocks", pack(weight))
-        return self._packed[key]
+    def _packed_blocks(self, ref: WeightRef) -> str:
+        if ref.key not in self._packed:
+            self._packed[ref.key] = self.constant(f"{ref.key}.blocks", lambda: pack(_blocks(ref)))
+        return self._packed[ref.key]
 
     def _block_sum(self, x: str, k: int, block_size: int, consumer: str) -> str:
         """`x` summed over each block of its last axis `[..., k / block_size]`, as a matmul with a 0/1 matrix
@@ -127,39 +161,46 @@ class GraphBuilder:
             self._block_sums[(x, block_size)] = cached
         return cached
 
-    def gather(self, indices: str, output: str, key: str, weight: Weight, name: str) -> None:
+    def gather(self, indices: str, output: str, ref: WeightRef, name: str) -> None:
         """`output = W[indices]` (an embedding lookup) on the weight's own blocks."""
-        if isinstance(weight, FloatWeight):
-            table = self.constant(f"{key}.table", weight.values, weight.data_type)
-            if weight.data_type != TensorProto.FLOAT:
+        key = ref.key
+        rows, k = ref.shape
+        if ref.layout[0] == "float":  # type: ignore[index]
+            data_type = ref.layout[1]  # type: ignore[index]
+            table = self.constant(f"{key}.table", lambda: ref.load().values, data_type)
+            if data_type != TensorProto.FLOAT:
                 table = self.node("Cast", [table], f"{key}.table/float", f"{name}/Cast", to=TensorProto.FLOAT)
             self.node("Gather", [table, indices], output, name)
             return
-        rows, k = weight.values.shape
-        packed = self._packed_blocks(key, weight)
+        bits, block_size, has_zero, has_residual = ref.layout  # type: ignore[misc]
+        packed = self._packed_blocks(ref)
         data = f"{packed}.rows"
         if data not in self.weights:
-            self.weights.alias(data, packed, (rows, k * weight.bits // 8))
-        inputs = [data, indices, self.constant(f"{key}.scales", weight.scales)]
-        if weight.zero_points is not None:
-            inputs.append(self.constant(f"{key}.zero_points", pack_zero_points(weight)))
-        main = output if weight.residual is None else f"{output}/blocks"
+            self.weights.alias(data, packed, (rows, k * bits // 8))
+        inputs = [data, indices, self.constant(f"{key}.scales", lambda: _blocks(ref).scales)]
+        if has_zero:
+            inputs.append(self.constant(f"{key}.zero_points", lambda: pack_zero_points(_blocks(ref))))
+        main = output if not has_residual else f"{output}/blocks"
         self.node(
             "GatherBlockQuantized", inputs, main, f"{name}/GatherBlockQuantized",
-            bits=weight.bits, block_size=weight.block_size, gather_axis=0, quantize_axis=1,
+            bits=bits, block_size=block_size, gather_axis=0, quantize_axis=1,
         )  # fmt: skip
-        if weight.residual is None:
+        if not has_residual:
             return
         # Each gathered row plus its blocks' residuals: [..., blocks, block] + [..., blocks, 1].
-        blocks = k // weight.block_size
-        table = self.constant(f"{key}.residual", weight.residual)
+        blocks = k // block_size
+        table = self.constant(f"{key}.residual", lambda: _blocks(ref).residual)  # type: ignore[arg-type,return-value]
         picked = self.node("Gather", [table, indices], f"{output}/residual", f"{name}/residual/Gather")
         axis = self.constant("gguf.axis_last", np.array([-1], np.int64))
         column = self.node("Unsqueeze", [picked, axis], f"{output}/residual_column", f"{name}/residual/Unsqueeze")
-        split = self.constant(
-            f"gguf.shape.blocks{blocks}x{weight.block_size}", np.array([0, 0, blocks, weight.block_size])
-        )
+        split = self.constant(f"gguf.shape.blocks{blocks}x{block_size}", np.array([0, 0, blocks, block_size]))
         grouped = self.node("Reshape", [main, split], f"{output}/grouped", f"{name}/residual/Reshape")
         summed = self.node("Add", [grouped, column], f"{output}/corrected", f"{name}/residual/Add")
         flat = self.constant(f"gguf.shape.flat{k}", np.array([0, 0, k]))
         self.node("Reshape", [summed, flat], output, f"{name}/residual/Flatten")
+
+
+def _blocks(ref: WeightRef) -> BlockWeight:
+    weight = ref.load()
+    assert isinstance(weight, BlockWeight)
+    return weight

@@ -1,0 +1,173 @@
+"""A model's weights as a source to read one tensor at a time, by its Hugging Face name.
+
+- `SafetensorsWeights`: a Hugging Face folder's `*.safetensors`, memory-mapped; a tensor is read when asked.
+- `GgufWeights`: a GGUF file, memory-mapped; each Hugging Face name maps to a GGUF tensor through gguf's
+  `TensorNameMap` (as transformers' GGUF loader maps them), read by dequantizing that tensor alone and undoing
+  what llama.cpp's converter did to it (transformers' per-architecture `TensorProcessor`: the llama q/k row
+  permutation, Gemma's `+ 1` on norms). Its `rows` says which GGUF rows a weight's rows are, so precision
+  `gguf` can carry the blocks without computing anything.
+
+Neither holds more than the tensor asked for: a build's memory is bounded by its largest tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from packager.errors import UserError
+
+
+class WeightSource(Protocol):
+    def load(self, name: str) -> Any:
+        """The tensor `name` as a float32 torch tensor."""
+        ...
+
+    def has(self, name: str) -> bool: ...
+
+    def describe(self) -> dict[str, str]:
+        """What `open_weights` needs to open this source again (in another process)."""
+        ...
+
+
+def open_weights(description: dict[str, str]) -> WeightSource:
+    if description["kind"] == "safetensors":
+        return SafetensorsWeights(Path(description["folder"]))
+    if description["kind"] == "gguf":
+        return GgufWeights(Path(description["file"]), Path(description["config_dir"]))
+    raise ValueError(f"unknown weight source {description!r}")
+
+
+def load_any(source: WeightSource, names: Iterable[str]) -> Any:
+    """The first of `names` (a tied weight's names) that `source` holds."""
+    names = list(names)
+    for name in names:
+        if source.has(name):
+            return source.load(name)
+    raise UserError(f"the model's weights hold none of {', '.join(names)}: is the source complete?")
+
+
+class SafetensorsWeights:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    @cached_property
+    def _files(self) -> dict[str, Path]:
+        from safetensors import safe_open
+
+        index = self.folder / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            return {name: self.folder / file for name, file in weight_map.items()}
+        files: dict[str, Path] = {}
+        for path in sorted(self.folder.glob("*.safetensors")):
+            with safe_open(str(path), "pt") as f:
+                files.update(dict.fromkeys(f.keys(), path))
+        return files
+
+    def has(self, name: str) -> bool:
+        return name in self._files
+
+    def load(self, name: str) -> Any:
+        import torch
+        from safetensors import safe_open
+
+        with safe_open(str(self._files[name]), "pt") as f:
+            tensor = f.get_tensor(name)
+        return tensor.to(torch.float32) if tensor.is_floating_point() else tensor
+
+    def describe(self) -> dict[str, str]:
+        return {"kind": "safetensors", "folder": str(self.folder)}
+
+
+@dataclass(frozen=True)
+class GgufRows:
+    """A weight's rows as rows of one GGUF tensor: `rows[i]` is the GGUF row of the weight's row i."""
+
+    tensor: str
+    rows: np.ndarray
+
+
+class GgufWeights:
+    """`file`'s tensors under the Hugging Face names of the model whose config.json is in `config_dir`."""
+
+    def __init__(self, file: Path, config_dir: Path) -> None:
+        self.file = file
+        self.config_dir = config_dir
+
+    @cached_property
+    def _reader(self) -> Any:
+        from gguf import GGUFReader
+
+        return GGUFReader(str(self.file))
+
+    @cached_property
+    def _tensors(self) -> dict[str, Any]:
+        return {t.name: t for t in self._reader.tensors}
+
+    @cached_property
+    def _processor(self) -> Any:
+        from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+        architecture = str(self._reader.fields["general.architecture"].contents())
+        config = json.loads((self.config_dir / "config.json").read_text())
+        return TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config)
+
+    @cached_property
+    def _gguf_names(self) -> dict[str, str]:
+        """Hugging Face name -> GGUF tensor name, as transformers maps them (on a weightless model)."""
+        from accelerate import init_empty_weights
+        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
+
+        config = AutoConfig.from_pretrained(self.config_dir)
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(config)
+        mapping = get_gguf_hf_weights_map(model, self._processor)
+        return {hf: gguf for gguf, hf in mapping.items() if gguf in self._tensors}
+
+    def has(self, name: str) -> bool:
+        return name in self._gguf_names
+
+    def gguf_name(self, name: str) -> str:
+        return self._gguf_names[name]
+
+    def tensor(self, gguf_name: str) -> Any:
+        """The reader's tensor (its `data` maps the file)."""
+        return self._tensors[gguf_name]
+
+    def load(self, name: str) -> Any:
+        import torch
+        from gguf.quants import dequantize
+
+        gguf_name = self._gguf_names[name]
+        tensor = self._tensors[gguf_name]
+        values = dequantize(tensor.data, tensor.tensor_type)
+        values = self._processor.process(weights=values, name=gguf_name).weights
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+
+    def rows(self, name: str) -> GgufRows | None:
+        """Which GGUF rows `name`'s rows are, when the converter only reordered them (else None).
+
+        Found by passing row numbers through the same processing as the values: what comes out is a
+        permutation of them exactly when the processing moved rows and computed nothing.
+        """
+        gguf_name = self._gguf_names.get(name)
+        if gguf_name is None:
+            return None
+        tensor = self._tensors[gguf_name]
+        count = int(np.prod(tensor.data.shape[:-1])) if len(tensor.data.shape) > 1 else 1
+        numbers = np.arange(count, dtype=np.float64).reshape(count, 1)
+        processed = np.asarray(self._processor.process(weights=numbers, name=gguf_name).weights)
+        if processed.shape != numbers.shape or not np.array_equal(np.sort(processed[:, 0]), numbers[:, 0]):
+            return None
+        return GgufRows(gguf_name, processed[:, 0].astype(np.int64))
+
+    def describe(self) -> dict[str, str]:
+        return {"kind": "gguf", "file": str(self.file), "config_dir": str(self.config_dir)}

@@ -1,0 +1,284 @@
+"""Run a decoder graph a few layers at a time over fixed token sequences, in memory bounded by those layers.
+
+The graph is cut into segments along the builder's layer names (`/model/layers.N/...`; what comes before the
+first layer, the embedding and the attention-mask preprocessing, is one segment, lm_head another), merged while
+their weights stay under a budget. Each segment becomes a session of its own, runs every sequence (one forward
+each, no KV cache: the sequences are teacher-forced), hands on the values later segments read, and is freed
+before the next one is made. A segment's weights come from a `System`: an export's file mapped from disk, or a
+precision's rewrite of the structure computed in memory (export/materialize.py) — the fp32 reference is never
+whole, in memory or on disk.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import NodeProto, TensorProto, helper
+
+from packager.export.external_data import INLINE_LIMIT, external_tensor
+from packager.export.materialize import MemoryWeights, Structure
+
+_LAYER = re.compile(r"^/model/layers\.(\d+)/")
+DEFAULT_BUDGET = 256 << 20  # bytes of weights per segment, beyond its largest layer
+Progress = Callable[[int, int], None]
+Keep = Callable[[int, np.ndarray], np.ndarray]  # (sequence index, its logits [S, vocab]) -> what to keep
+
+
+class System(Protocol):
+    """A graph whose weights can be had a segment at a time."""
+
+    name: str
+    graph: onnx.GraphProto
+    opsets: list[onnx.OperatorSetIdProto]
+    prepack: bool  # whether ONNX Runtime may pack the weights (a copy: worth it for block-quantized matmuls)
+
+    def weight_bytes(self, node: NodeProto) -> int: ...
+
+    def segment(self, nodes: list[NodeProto]) -> tuple[list[NodeProto], MemoryWeights]:
+        """The nodes to run for these graph nodes, and their initializers."""
+        ...
+
+
+class ExportSystem:
+    """A written export (model.onnx + model.onnx.data): each segment's initializers mapped from the file."""
+
+    prepack = True
+
+    def __init__(self, directory: Path, name: str) -> None:
+        self.name = name
+        self.directory = directory
+        model = onnx.load(str(directory / "model.onnx"), load_external_data=False)
+        self.graph = model.graph
+        self.opsets = list(model.opset_import)
+        self.prepack = any(n.op_type == "MatMulNBits" for n in self.graph.node)
+        self._initializers = {t.name: t for t in self.graph.initializer}
+        self._maps: dict[str, np.memmap] = {}
+
+    def weight_bytes(self, node: NodeProto) -> int:
+        return sum(_tensor_bytes(self._initializers[n]) for n in _all_inputs(node) if n in self._initializers)
+
+    def segment(self, nodes: list[NodeProto]) -> tuple[list[NodeProto], MemoryWeights]:
+        weights = MemoryWeights()
+        for name in {n for node in nodes for n in _all_inputs(node)}:
+            tensor = self._initializers.get(name)
+            if tensor is not None:
+                weights.add(name, self._array(tensor), tensor.data_type)
+        return nodes, weights
+
+    def _array(self, tensor: TensorProto) -> np.ndarray:
+        if tensor.data_location != TensorProto.EXTERNAL:
+            return onnx.numpy_helper.to_array(tensor)
+        info = {e.key: e.value for e in tensor.external_data}
+        dtype = _numpy_dtype(tensor.data_type)
+        location = info["location"]
+        if location not in self._maps:
+            self._maps[location] = np.memmap(self.directory / location, dtype=np.uint8, mode="r")
+        offset, length = int(info.get("offset", 0)), int(info["length"])
+        return self._maps[location][offset : offset + length].view(dtype).reshape(tuple(tensor.dims))
+
+
+class StructureSystem:
+    """A precision of the structure (fp32, int8, ...), each segment's weights computed in memory when run."""
+
+    def __init__(self, structure: Structure, rewrite: object, name: str) -> None:
+        self.name = name
+        self.structure = structure
+        self.rewrite = rewrite  # materialize.Float32 | BlockQuantized | gguf.carry.GgufCarry
+        self.graph = structure.model.graph
+        self.opsets = list(structure.model.opset_import)
+        self.prepack = getattr(rewrite, "precision", "fp32") != "fp32"
+
+    def weight_bytes(self, node: NodeProto) -> int:
+        structure = self.structure
+        return sum(structure.nbytes(n) for n in _all_inputs(node) if structure.is_initializer(n))
+
+    def segment(self, nodes: list[NodeProto]) -> tuple[list[NodeProto], MemoryWeights]:
+        weights = MemoryWeights()
+        rewritten = self.rewrite.nodes(nodes, weights)  # type: ignore[attr-defined]
+        return rewritten, weights
+
+
+@dataclass
+class RunReport:
+    """How a system's run went: time, segments and the largest segment's weights in memory."""
+
+    seconds: float = 0.0
+    segments: int = 0
+    largest_segment_bytes: int = 0
+    per_segment: list[tuple[str, float]] = field(default_factory=list)
+
+
+def partition(system: System, budget: int = DEFAULT_BUDGET) -> list[list[NodeProto]]:
+    """The graph's nodes in segments: whole layers (and the parts before and after them), merged under `budget`."""
+    groups: list[tuple[str, list[NodeProto]]] = []
+    seen_layer = False
+    for node in system.graph.node:
+        match = _LAYER.match(node.name)
+        if match:
+            key, seen_layer = f"layer{match.group(1)}", True
+        else:
+            key = "after" if seen_layer else "before"
+        if groups and groups[-1][0] == key:
+            groups[-1][1].append(node)
+        else:
+            groups.append((key, [node]))
+    segments: list[list[NodeProto]] = []
+    size = 0
+    for _, nodes in groups:
+        group_bytes = sum(system.weight_bytes(n) for n in nodes)
+        if segments and size + group_bytes <= budget:
+            segments[-1].extend(nodes)
+            size += group_bytes
+        else:
+            segments.append(list(nodes))
+            size = group_bytes
+    return segments
+
+
+def run_sequences(
+    system: System,
+    sequences: list[tuple[int, ...]],
+    feeds: Callable[[tuple[int, ...]], dict[str, np.ndarray]],
+    keep: Keep,
+    *,
+    threads: int = 2,
+    budget: int = DEFAULT_BUDGET,
+    progress: Progress | None = None,
+    extra: dict[str, np.ndarray] | None = None,
+) -> tuple[list[np.ndarray], RunReport]:
+    """Each sequence's logits (what `keep` keeps of them), computed a segment at a time.
+
+    `feeds(sequence)` gives the graph's inputs for one sequence (ids, mask, empty past); `extra`: inputs every
+    sequence gets (a LoRA adapter's).
+    """
+    report = RunReport()
+    started = time.perf_counter()
+    segments = partition(system, budget)
+    graph_outputs = {o.name for o in system.graph.output}
+    logits_name = "logits"
+    values: list[dict[str, np.ndarray]] = [{**feeds(s), **(extra or {})} for s in sequences]
+    readers = _last_reader(segments)
+    kept: list[np.ndarray] = [np.empty(0)] * len(sequences)
+    for index, nodes in enumerate(segments):
+        segment_started = time.perf_counter()
+        run_nodes, weights = system.segment(nodes)
+        report.largest_segment_bytes = max(report.largest_segment_bytes, weights.nbytes)
+        produced = {o for node in run_nodes for o in node.output}
+        inputs = sorted({n for node in run_nodes for n in _all_inputs(node)} - produced - set(weights.arrays) - {""})
+        later = {name for name, last in readers.items() if last > index}
+        outputs = sorted(o for o in produced if o and (o in later or (o == logits_name and o in graph_outputs)))
+        session = _session(system, run_nodes, weights, inputs, values[0], outputs, threads)
+        for i, sequence_values in enumerate(values):
+            results = session.run(outputs, {name: sequence_values[name] for name in inputs})
+            for name, value in zip(outputs, results, strict=True):
+                if name == logits_name:
+                    kept[i] = keep(i, value[0])
+                else:
+                    sequence_values[name] = value
+            for name in [n for n in sequence_values if readers.get(n, -1) <= index and n not in later]:
+                del sequence_values[name]
+        del session, weights
+        report.per_segment.append((nodes[0].name, time.perf_counter() - segment_started))
+        if progress is not None:
+            progress(index + 1, len(segments))
+    report.segments = len(segments)
+    report.seconds = time.perf_counter() - started
+    return kept, report
+
+
+def _last_reader(segments: list[list[NodeProto]]) -> dict[str, int]:
+    """Each value's last reading segment."""
+    last: dict[str, int] = {}
+    for index, nodes in enumerate(segments):
+        for node in nodes:
+            for name in _all_inputs(node):
+                last[name] = index
+    return last
+
+
+def _session(
+    system: System,
+    nodes: list[NodeProto],
+    weights: MemoryWeights,
+    inputs: list[str],
+    sample: dict[str, np.ndarray],
+    outputs: list[str],
+    threads: int,
+) -> ort.InferenceSession:
+    declared = []
+    shared: list[str] = []  # handed to ONNX Runtime as arrays; small ones (shapes, split sizes) stay in the graph
+    for name, array in weights.arrays.items():
+        data_type = weights.types.get(name, helper.np_dtype_to_tensor_dtype(array.dtype))
+        if array.nbytes < INLINE_LIMIT:
+            declared.append(TensorProto(name=name, data_type=data_type, dims=array.shape, raw_data=array.tobytes()))
+        else:
+            declared.append(external_tensor(name, data_type, array.shape, "memory", 0, array.nbytes))
+            shared.append(name)
+    graph = helper.make_graph(
+        nodes, "segment",
+        [_value_info(name, sample[name]) for name in inputs],
+        [helper.make_tensor_value_info(name, _element_type(system.graph, name), None) for name in outputs],
+        declared,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=system.opsets, ir_version=10)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not system.prepack:
+        options.add_session_config_entry("session.disable_prepacking", "1")
+    values = [_ort_value(weights.arrays[n], weights.types.get(n)) for n in shared]
+    if shared:
+        options.add_external_initializers(shared, values)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _ort_value(array: np.ndarray, data_type: int | None) -> ort.OrtValue:
+    """The array as ONNX Runtime's value, sharing its memory (a bfloat16 weight's bits come as uint16)."""
+    array = np.ascontiguousarray(array)
+    if data_type is not None and data_type != helper.np_dtype_to_tensor_dtype(array.dtype):
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array, data_type)
+    return ort.OrtValue.ortvalue_from_numpy(array)
+
+
+def _element_type(graph: onnx.GraphProto, name: str) -> int:
+    """A value's element type, as the builder recorded it (every value it makes is typed); float32 if unknown."""
+    for info in (*graph.value_info, *graph.output, *graph.input):
+        if info.name == name and info.type.tensor_type.elem_type:
+            return int(info.type.tensor_type.elem_type)
+    return TensorProto.FLOAT
+
+
+def _value_info(name: str, array: np.ndarray) -> onnx.ValueInfoProto:
+    dims = [f"{name}_{i}" for i in range(array.ndim)]
+    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype), dims)
+
+
+def _all_inputs(node: NodeProto) -> Iterable[str]:
+    """The node's inputs, and the outer values its subgraphs read (an If choosing rotary tables)."""
+    yield from node.input
+    for attribute in node.attribute:
+        for graph in [attribute.g, *attribute.graphs] if attribute.type in (5, 10) else []:
+            inner = {o for n in graph.node for o in n.output} | {i.name for i in graph.initializer}
+            for inner_node in graph.node:
+                for name in _all_inputs(inner_node):
+                    if name not in inner:
+                        yield name
+
+
+def _tensor_bytes(tensor: TensorProto) -> int:
+    return int(np.prod(tensor.dims)) * np.dtype(_numpy_dtype(tensor.data_type)).itemsize
+
+
+def _numpy_dtype(data_type: int) -> np.dtype:
+    if data_type == TensorProto.BFLOAT16:
+        return np.dtype(np.uint16)
+    return np.dtype(helper.tensor_dtype_to_np_dtype(data_type))
