@@ -9,6 +9,7 @@ so an unchanged rebuild only re-checks the bundle.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Callable
@@ -50,7 +51,7 @@ from packager.sources import SourceModel, resolve_source
 from packager.spec import ENCODER_TASKS, FunctionSpec
 from packager.verify import CandidateQuality, QualityBudget, ReferenceParity, System, Verifier, write_quality_json
 from runtime.adapters.layout import AdapterLayout
-from runtime.bundle import FORMAT_VERSION, Manifest, open_bundle
+from runtime.bundle import FORMAT_VERSION, Manifest, file_digest, open_bundle
 
 VERIFY_VERSION = 4  # bump when the quality method changes, to invalidate cached figures
 
@@ -211,9 +212,19 @@ def _export(
     }.get(options.precision, f"quantize the graph's weights to {options.precision}")
     with progress.step(f"export {options.precision}", f"{what}, one tensor at a time") as step:
         result = export_decoder(source, structure, options, max_context)
+        if result.reused and not _intact(result):
+            # A bundle shares the export's weights file (a hard link): one edited in place edits both.
+            shutil.rmtree(result.directory)
+            result = export_decoder(source, structure, options, max_context)
         if result.reused:
             step.cached()
     return result
+
+
+def _intact(export: ExportResult) -> bool:
+    """Whether the cached export's weights still hash as they did when written."""
+    recorded = export.digests.get("model.onnx.data")
+    return recorded is None or file_digest(export.directory / "model.onnx.data").sha256 == recorded["sha256"]
 
 
 def _parity(structure: StructureResult, verifier: Verifier, progress: StepProgress) -> ReferenceParity:

@@ -21,7 +21,9 @@ from onnx import TensorProto, helper
 from packager.build import build_function
 from packager.export.external_data import WeightFile
 from packager.export.gguf.blocks import read_blocks, supported_types
-from packager.export.gguf.operators import GraphBuilder
+from packager.export.gguf.operators import GraphBuilder, loaded
+from packager.export.materialize import Rewrite, Structure
+from packager.sources.weights import GgufWeights
 from packager.progress import StepProgress
 from packager.spec import load_spec
 from runtime.bundle import open_bundle
@@ -59,10 +61,10 @@ def test_onnx_runtime_computes_with_the_blocks_as_the_gguf_package_defines_them(
     x = rng.standard_normal((3, 2, k)).astype(np.float32)
     ids = np.array([[0, 7, 63], [5, 5, 1]], np.int64)
 
-    weights = WeightFile()
+    weights = WeightFile(tmp_path / "m.onnx")
     builder = GraphBuilder(weights, accuracy_level=0)  # fp32 compute: only the weights' exactness shows
-    builder.matmul("x", "y", [("w", read_blocks(qtype, raw))], "/proj/MatMul")
-    builder.gather("ids", "e", "w", read_blocks(qtype, raw), "/embed/Gather")
+    builder.matmul("x", "y", [loaded("w", read_blocks(qtype, raw))], "/proj/MatMul")
+    builder.gather("ids", "e", loaded("w", read_blocks(qtype, raw)), "/embed/Gather")
     inputs = [
         helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, k]),
         helper.make_tensor_value_info("ids", TensorProto.INT64, [None, None]),
@@ -74,7 +76,7 @@ def test_onnx_runtime_computes_with_the_blocks_as_the_gguf_package_defines_them(
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)], ir_version=10
     )
-    weights.save(model, tmp_path / "m.onnx")
+    weights.save(model)
     session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     y, e = session.run(["y", "e"], {"x": x, "ids": ids})
     reference = x.astype(np.float64) @ expected.T.astype(np.float64)
@@ -99,16 +101,19 @@ def tiny_gguf_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     return gguf_path, root / result.bundle, cache
 
 
-def _fp32_export_weights(cache: Path) -> dict[str, np.ndarray]:
-    """The fp32 reference export's initializers (what transformers' dequantization gave the builder)."""
-    for model in (cache / "export").glob("*/model.onnx"):
-        graph = onnx.load(str(model))
-        if not any(n.op_type in ("MatMulNBits", "GatherBlockQuantized") for n in graph.graph.node):
-            return {t.name: onnx.numpy_helper.to_array(t) for t in graph.graph.initializer}
-    raise AssertionError(f"no fp32 export under {cache}")
+class _Fp32Weights:
+    """The fp32 graph's weights as its recipes compute them from the source (what the fp32 reference runs with)."""
+
+    def __init__(self, cache: Path, gguf_path: Path) -> None:
+        (structure,) = (cache / "structure").glob("*/structure.onnx")
+        (config,) = (cache / "gguf-config").glob("*/config.json")
+        self._rewrite = Rewrite(Structure(structure.parent), GgufWeights(gguf_path, config.parent), 256)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._rewrite.weight(name)
 
 
-def _check_bundle(bundle_dir: Path, gguf_path: Path, reference: dict[str, np.ndarray] | None) -> dict[str, int]:
+def _check_bundle(bundle_dir: Path, gguf_path: Path, reference: _Fp32Weights | None) -> dict[str, int]:
     weights, source = BundleWeights(bundle_dir), GgufSource(gguf_path)
     assert weights.report["kept_float32"] == {}
     for node, carried in weights.report["carried"].items():
@@ -126,7 +131,7 @@ def test_a_tiny_gguf_of_every_type_builds_with_each_weight_the_files_own(
     gguf_path, bundle_dir, cache = tiny_gguf_build
     bundle = open_bundle(bundle_dir)
     assert bundle.manifest.model.precision == "gguf"
-    types = _check_bundle(bundle_dir, gguf_path, _fp32_export_weights(cache))
+    types = _check_bundle(bundle_dir, gguf_path, _Fp32Weights(cache, gguf_path))
     expected = {t.name for layer in LAYER_TYPES for t in layer.values()} | {EMBEDDING_TYPE.name}
     assert set(types) == expected
     assert {t.name for t in TYPES} <= expected  # the fixture covers every carried type

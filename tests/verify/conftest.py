@@ -1,9 +1,8 @@
-"""Session fixtures: a tiny random Llama exported by the genai builder at fp32 and int8, plus a damaged export."""
+"""Session fixtures: a tiny random Llama, its structure, its fp32 and int8 exports, a damaged export, a verifier."""
 
 from __future__ import annotations
 
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,23 +11,25 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from packager.verify import QualityEvaluator
-from tests.fixtures.tiny_llama import export_with_genai_builder, make_tiny_llama
+from packager.export.builder import ExportOptions, ExportResult, StructureResult, export_decoder, export_structure
+from packager.progress import StepProgress
+from packager.sources import SourceModel, resolve_source
+from packager.verify import Verifier
+from tests.fixtures.tiny_llama import make_tiny_llama
 
 # Noise of this size on every weight matrix (initialised with std 0.15) breaks every quality check.
 DAMAGE_NOISE = 0.1
+MAX_POSITIONS = 256
 
 
 @dataclass(frozen=True)
 class TinyExports:
     hf: Path
-    fp32: Path
-    int8: Path
+    source: SourceModel
+    structure: StructureResult
+    fp32: ExportResult
+    int8: ExportResult
     damaged: Path  # the fp32 export with noise added to its weight matrices
-
-    @property
-    def tokenizer(self) -> Path:
-        return self.hf / "tokenizer.json"
 
     @property
     def chat_template(self) -> str:
@@ -54,12 +55,16 @@ def damage_weights(export: Path, out: Path, noise: float) -> Path:
 def tiny_exports(tmp_path_factory: pytest.TempPathFactory) -> TinyExports:
     root = tmp_path_factory.mktemp("tiny_llama")
     hf = make_tiny_llama(root / "hf")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        builds = {p: pool.submit(export_with_genai_builder, hf, root / p, p, root / "cache") for p in ("fp32", "int8")}
-        fp32, int8 = builds["fp32"].result(), builds["int8"].result()
-    return TinyExports(hf=hf, fp32=fp32, int8=int8, damaged=damage_weights(fp32, root / "damaged", DAMAGE_NOISE))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ONNXFN_CACHE_DIR", str(root / "cache"))
+        source = resolve_source(f"hf:{hf}", root, StepProgress())
+        structure = export_structure(source)
+        fp32 = export_decoder(source, structure, ExportOptions("fp32"), MAX_POSITIONS)
+        int8 = export_decoder(source, structure, ExportOptions("int8"), MAX_POSITIONS)
+    damaged = damage_weights(fp32.directory, root / "damaged", DAMAGE_NOISE)
+    return TinyExports(hf, source, structure, fp32, int8, damaged)
 
 
 @pytest.fixture(scope="session")
-def tiny_evaluator(tiny_exports: TinyExports) -> QualityEvaluator:
-    return QualityEvaluator(tiny_exports.fp32, tiny_exports.tokenizer, tiny_exports.chat_template)
+def tiny_verifier(tiny_exports: TinyExports) -> Verifier:
+    return Verifier(tiny_exports.structure, tiny_exports.source, MAX_POSITIONS)
