@@ -2,8 +2,9 @@
 
 The GGUF file llama.cpp runs and the fp32 HF folder transformers runs come from the packager's own
 source resolution (the content-addressed cache `pkg build` fills), so two cached models never mix. The
-onnxruntime-genai peers run the builder's int8 and int4 exports of that same source, with the function's
-block size and accuracy level: the exports `pkg build` itself measures quality on, cached the same way.
+onnxruntime-genai peers run the int8 and int4 exports of that same source (the builder's graph, quantized as
+its own int8/int4 exports are), with the function's block size and accuracy level: the exports `pkg build`
+itself measures quality on, cached the same way.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from packager.export.builder import ExportResult, export_decoder
+from packager.export.builder import ExportResult, StructureResult, export_decoder, export_structure
 from packager.paths import bundle_dir
 from packager.progress import StepProgress
 from packager.quantize import export_options
-from packager.sources import resolve_source
+from packager.sources import SourceModel, resolve_source
+from packager.sources.gguf import dequantized_folder
 from packager.spec import FunctionSpec, load_spec
 
 # --model -> the function folder under functions/
@@ -37,8 +39,10 @@ class BenchModel:
     spec: FunctionSpec
     bundle: Path
     gguf: Path
-    hf_dir: Path
-    exports: dict[str, ExportResult]  # precision (fp32, int8, int4) -> the builder's export of the source
+    hf_dir: Path  # the whole model as an fp32 Hugging Face folder (transformers' baseline runs it)
+    exports: dict[str, ExportResult]  # precision (int8, int4) -> the export of the source the genai peers run
+    source: SourceModel
+    structure: StructureResult
 
     def system_bundle(self, system: str) -> Path:
         """The folder a system loads: its own export for a genai-int* system, onnxfn's bundle for the others."""
@@ -63,11 +67,15 @@ def resolve(repo: Path, model: str, bundle: Path | None) -> BenchModel:
         raise ModelUnavailable(
             f"{spec.directory} has model.source = {spec.model.source!r}, a model folder: llama.cpp needs a GGUF source"
         )
+    structure = export_structure(source)
+    max_context = spec.export.max_context
     exports = {
-        precision: export_decoder(source.hf_dir, source.content_key, export_options(spec.export, precision))
-        for precision in (REFERENCE_PRECISION, *GENAI_EXPORTS.values())
+        precision: export_decoder(source, structure, export_options(spec.export, precision), max_context)
+        for precision in GENAI_EXPORTS.values()
     }
-    return BenchModel(model, spec, bundle, source.gguf_file, source.hf_dir, exports)
+    hf_dir, _, _ = dequantized_folder(source.gguf_file, source.content_key, spec.model.source, progress,
+                                      tokenizer_from=source.gguf_file.parent)  # fmt: skip
+    return BenchModel(model, spec, bundle, source.gguf_file, hf_dir, exports, source, structure)
 
 
 def build_bundle(repo: Path, spec: FunctionSpec) -> Path:

@@ -17,9 +17,9 @@ from typing import Any
 from packager.bench.models import GENAI_EXPORTS, REFERENCE_PRECISION, BenchModel
 from packager.build import cached_quality
 from packager.decoder_facts import decoder_facts
-from packager.export.builder import ExportResult
+from packager.export.builder import ExportResult, StructureResult
 from packager.quantize import budget_of
-from packager.verify import QualityBudget, QualityEvaluator, candidate_json
+from packager.verify import ExportSystem, QualityBudget, Verifier, candidate_json
 from runtime.bundle import read_manifest
 
 FROM_BUNDLE = "the bundle's quality.json"
@@ -30,14 +30,13 @@ MEASURED = "measured by this run"
 def measure(model: BenchModel) -> dict[str, Any]:
     """quality.json's layout (so one renderer reads both), a row per system with its figures' origin."""
     budget = budget_of(model.spec.export)
-    reference = model.exports[REFERENCE_PRECISION]
-    evaluator = lazy_evaluator(reference)
+    evaluator = lazy_evaluator(model)
     built_path = model.bundle / "quality.json"
     built = json.loads(built_path.read_text()) if built_path.is_file() else {}
     precision = decoder_facts(read_manifest(model.bundle)).precision
     rows = [bundle_row(model, precision, built, budget, evaluator)]
     for system, export_precision in GENAI_EXPORTS.items():
-        figures, origin = export_figures(model.exports[export_precision], reference, budget, evaluator)
+        figures, origin = export_figures(model.exports[export_precision], model.structure, budget, evaluator)
         rows.append({**figures, "system": system, "origin": origin})
     return {
         "reference": REFERENCE_PRECISION,
@@ -49,16 +48,13 @@ def measure(model: BenchModel) -> dict[str, Any]:
     }
 
 
-def lazy_evaluator(reference: ExportResult) -> Callable[[], QualityEvaluator]:
-    """The evaluator, made on first use only: it runs the fp32 reference over every prompt when made."""
-    made: list[QualityEvaluator] = []
+def lazy_evaluator(model: BenchModel) -> Callable[[], Verifier]:
+    """The verifier, made on first use only (its fp32 reference runs over every sequence when first compared)."""
+    made: list[Verifier] = []
 
-    def get() -> QualityEvaluator:
+    def get() -> Verifier:
         if not made:
-            directory = reference.directory
-            template = directory / "chat_template.jinja"  # as packager.build: a base model has none
-            chat_template = template.read_text() if template.is_file() else None
-            made.append(QualityEvaluator(directory, directory / "tokenizer.json", chat_template))
+            made.append(Verifier(model.structure, model.source, model.spec.export.max_context))
         return made[0]
 
     return get
@@ -69,21 +65,22 @@ def bundle_row(
     precision: str,
     built: dict[str, Any],
     budget: QualityBudget,
-    evaluator: Callable[[], QualityEvaluator],
+    evaluator: Callable[[], Verifier],
 ) -> dict[str, Any]:
     """The bundle's own precision: its build's figures, or measured on the bundle's folder when it has none."""
     for row in [*built.get("candidates", []), *built.get("compared", [])]:
         if row.get("precision") == precision:
             return {**row, "system": "onnxfn", "origin": FROM_BUNDLE}
-    figures = candidate_json(evaluator().evaluate(model.bundle, precision, budget))
+    figures = candidate_json(evaluator().evaluate(ExportSystem(model.bundle, precision), precision, budget))
     return {**figures, "system": "onnxfn", "origin": MEASURED}
 
 
 def export_figures(
-    export: ExportResult, reference: ExportResult, budget: QualityBudget, evaluator: Callable[[], QualityEvaluator]
+    export: ExportResult, structure: StructureResult, budget: QualityBudget, evaluator: Callable[[], Verifier]
 ) -> tuple[dict[str, Any], str]:
     precision = export.options.precision
     quality, reused = cached_quality(
-        export, reference, budget, lambda: evaluator().evaluate(export.directory, precision, budget)
-    )
+        export.key, structure, budget,
+        lambda: evaluator().evaluate(ExportSystem(export.directory, precision), precision, budget),
+    )  # fmt: skip
     return candidate_json(quality), FROM_CACHE if reused else MEASURED

@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
@@ -50,17 +51,30 @@ class System(Protocol):
 class ExportSystem:
     """A written export (model.onnx + model.onnx.data): each segment's initializers mapped from the file."""
 
-    prepack = True
-
     def __init__(self, directory: Path, name: str) -> None:
         self.name = name
         self.directory = directory
-        model = onnx.load(str(directory / "model.onnx"), load_external_data=False)
-        self.graph = model.graph
-        self.opsets = list(model.opset_import)
-        self.prepack = any(n.op_type == "MatMulNBits" for n in self.graph.node)
-        self._initializers = {t.name: t for t in self.graph.initializer}
         self._maps: dict[str, np.memmap] = {}
+
+    @cached_property
+    def _model(self) -> onnx.ModelProto:
+        return onnx.load(str(self.directory / "model.onnx"), load_external_data=False)
+
+    @property
+    def graph(self) -> onnx.GraphProto:  # type: ignore[override]
+        return self._model.graph
+
+    @property
+    def opsets(self) -> list[onnx.OperatorSetIdProto]:  # type: ignore[override]
+        return list(self._model.opset_import)
+
+    @cached_property
+    def prepack(self) -> bool:  # type: ignore[override]
+        return any(n.op_type == "MatMulNBits" for n in self.graph.node)
+
+    @cached_property
+    def _initializers(self) -> dict[str, TensorProto]:
+        return {t.name: t for t in self.graph.initializer}
 
     def weight_bytes(self, node: NodeProto) -> int:
         return sum(_tensor_bytes(self._initializers[n]) for n in _all_inputs(node) if n in self._initializers)

@@ -14,9 +14,16 @@ def smollm2_hf_dir() -> Path:
     """The demo model (SmolLM2-135M-Instruct) dequantized to an fp32 HF folder; cached under the onnxfn cache."""
     from packager.progress import StepProgress
     from packager.sources import resolve_source
+    from packager.sources.gguf import dequantized_folder
     from packager.spec import load_spec
 
-    return resolve_source(load_spec(DEMO_FUNCTION).model.source, DEMO_FUNCTION, StepProgress()).hf_dir
+    spec = load_spec(DEMO_FUNCTION)
+    source = resolve_source(spec.model.source, DEMO_FUNCTION, StepProgress())
+    assert source.gguf_file is not None
+    progress = StepProgress()
+    return dequantized_folder(
+        source.gguf_file, source.content_key, spec.model.source, progress, tokenizer_from=source.gguf_file.parent
+    )[0]
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from packager.bench import footprint, models, quality
 from packager.bench.models import BenchModel, ModelUnavailable
 from packager.bench.systems.base import SystemConfig
 from packager.build import _verify
-from packager.export.builder import ExportOptions, ExportResult
+from packager.export.builder import ExportOptions, ExportResult, StructureResult
 from packager.progress import StepProgress
 from packager.quantize import budget_of
 from packager.sources import SourceModel, locate_source
@@ -51,19 +51,26 @@ def test_the_model_comes_from_its_own_source_with_the_functions_export_options(
         sources.append(source)
         return SourceModel(hf_dir=hf_dir, origin=source, content_key="content", reused=True, gguf_file=gguf)
 
-    def export_decoder(hf: Path, key: str, options: ExportOptions) -> ExportResult:
-        assert (hf, key) == (hf_dir, "content")
+    structure = StructureResult(tmp_path / "structure", "structure-key", True)
+
+    def export_decoder(source: SourceModel, of: StructureResult, options: ExportOptions, max_positions: int) -> ExportResult:
+        assert (source.hf_dir, source.content_key, of) == (hf_dir, "content", structure)
         return ExportResult(tmp_path / options.precision, options, f"key-{options.precision}", True, {})
 
+    def dequantized_folder(file: Path, key: str, source: str, progress: StepProgress, tokenizer_from: Path) -> tuple:
+        assert (file, key) == (gguf, "content")
+        return hf_dir / "fp32", key, True
+
     monkeypatch.setattr(models, "resolve_source", resolve_source)
+    monkeypatch.setattr(models, "export_structure", lambda source: structure)
     monkeypatch.setattr(models, "export_decoder", export_decoder)
+    monkeypatch.setattr(models, "dequantized_folder", dequantized_folder)
     model = models.resolve(REPO, "gemma3", bundle)
 
     spec = load_spec(REPO / "functions" / "gemma3-completion")
     assert sources == [spec.model.source]
-    assert (model.gguf, model.hf_dir, model.bundle) == (gguf, hf_dir, bundle)
+    assert (model.gguf, model.hf_dir, model.bundle, model.structure) == (gguf, hf_dir / "fp32", bundle, structure)
     assert {p: e.options for p, e in model.exports.items()} == {
-        "fp32": ExportOptions("fp32"),
         "int8": ExportOptions("int8", spec.export.block_size, spec.export.accuracy_level),
         "int4": ExportOptions("int4", spec.export.block_size, spec.export.accuracy_level),
     }
@@ -128,14 +135,15 @@ def test_llamas_server_is_asked_never_to_end_a_stream() -> None:
 
 
 class StubEvaluator:
-    """Stands in for QualityEvaluator: records what it measures, returns fixed figures."""
+    """Stands in for the Verifier: records what it measures, returns fixed figures."""
 
     measured: ClassVar[list[str]] = []
+    structure = StructureResult(Path("structure"), "structure-key", True)
 
     def __init__(self, *_: Any, **__: Any) -> None:
         pass
 
-    def evaluate(self, directory: Path, precision: str, budget: QualityBudget, **_: Any) -> CandidateQuality:
+    def evaluate(self, system: Any, precision: str, budget: QualityBudget, *_: Any) -> CandidateQuality:
         StubEvaluator.measured.append(precision)
         return CandidateQuality(precision, 0.9, 0.01, 0.2, 30.0, 1.0, 2, 8, failures=("top-1 0.900 < 0.95",))
 
@@ -144,18 +152,18 @@ def test_quality_reuses_the_bundles_and_the_builds_figures_and_measures_only_the
     demo_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ONNXFN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(quality, "QualityEvaluator", StubEvaluator)
+    monkeypatch.setattr(quality, "Verifier", StubEvaluator)
     StubEvaluator.measured = []
     spec = load_spec(REPO / "functions" / "smollm2-chat")
-    exports = {p: fake_export(tmp_path / p, p) for p in ("fp32", "int8", "int4")}
-    model = BenchModel("smollm2", spec, demo_bundle, tmp_path / "model.gguf", tmp_path / "hf", exports)
+    exports = {p: fake_export(tmp_path / p, p) for p in ("int8", "int4")}
+    source = SourceModel(tmp_path / "hf", "source", "content", True, tmp_path / "model.gguf")
+    model = BenchModel(
+        "smollm2", spec, demo_bundle, tmp_path / "model.gguf", tmp_path / "hf", exports, source, StubEvaluator.structure
+    )
 
     # As `pkg build` files a figure it measured (its own code, its own key): here int8's.
-    class BuildEvaluator:
-        def get(self, report: Any) -> StubEvaluator:
-            return StubEvaluator()
-
-    _verify(exports["int8"], exports["fp32"], budget_of(spec.export), BuildEvaluator(), StepProgress())  # type: ignore[arg-type]
+    verifier: Any = StubEvaluator()
+    _verify(exports["int8"].key, verifier, budget_of(spec.export), lambda: None, StepProgress(), "int8")  # type: ignore[arg-type,return-value]
     assert StubEvaluator.measured == ["int8"]
 
     figures = quality.measure(model)
