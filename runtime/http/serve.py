@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runtime.http.connection_limits import ConnectionLimits, add_connection_arguments
+from runtime.http.connection_limits import MAX_BODY_BYTES, ConnectionLimits, add_connection_arguments
 from runtime.startup import add_model_arguments, fingerprint, load_model, request_policy, wait_for_session_start
 from runtime.threads import in_thread
 from runtime.timeline import RUNTIME_IMPORTED, TIMELINE
@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
     auth.add_argument("--api-key-env", metavar="NAME", help="read the bearer API key from $NAME")
     auth.add_argument("--api-key-file", type=Path, metavar="PATH", help="read the bearer API key from a file")
     add_model_arguments(parser)
-    parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request bodies above this get 413")
+    parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="request bodies above this get 413")
     parser.add_argument(
         "--max-waiting", type=int, help="requests that may wait for a slot before 429 (default: --max-queue decides)"
     )
