@@ -127,6 +127,9 @@ class LocalTarget:
     idle_timeout: int = bounded(300, lo=0)
     # Requests that may wait while an idle function starts again; more get 429 with Retry-After.
     max_waking_requests: int = bounded(32, lo=1)
+    # The server's memory limit in MiB, enforced by a memory cgroup (packager/targets/local/memory_limit.py):
+    # over it, the kernel ends this server alone and the gateway starts it again. 0 = no limit.
+    memory_mb: int = bounded(0, lo=0)
 
 
 # CloudWatch Logs accepts only these retention periods.

@@ -135,6 +135,10 @@ KEY_DOCS: dict[str, str] = {
     "from the snapshot in about 0.2 s, else fresh. 0 = never idle.",
     "targets.local.max_waking_requests": "Requests that may wait at the gateway while an idle function starts "
     "again; beyond that they get HTTP 429 with `Retry-After`.",
+    "targets.local.memory_mb": "The server's memory limit in MiB (0 = none), enforced with a memory cgroup (v2 "
+    "`memory.max`, else v1's memory controller; needs root or a delegated cgroup): a server over it is ended by "
+    "the kernel alone, `pkg ps` says so, and the gateway starts it again on the next request while the other "
+    "functions keep serving. Where no cgroup can be made, `pkg deploy` says the limit is not enforced.",
     "targets.aws-lambda": "A Lambda function (container image, or zip package with SnapStart) with a function URL "
     "and an SQS queue + DLQ.",
     "targets.aws-lambda.region": _REGION_DOC,

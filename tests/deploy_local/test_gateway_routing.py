@@ -89,7 +89,9 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     record(root, "open", f"http://127.0.0.1:{upstream_port}", None)
     record(root, "beta", f"http://127.0.0.1:{free_port('127.0.0.1')}", "key-b")
     for app, port in ((stand_in(), upstream_port), (create_app(Registry(root)), gateway_port)):
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        # asyncio's loop, as the gateway process runs (uvloop's transports are not asyncio.Transport).
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", loop="asyncio")
+        server = uvicorn.Server(config)
         threading.Thread(target=server.run, daemon=True).start()
         servers.append(server)
     deadline = time.monotonic() + 10
@@ -173,9 +175,10 @@ def test_client_mistakes_are_openai_shaped_4xx(served: tuple[str, Path]) -> None
     assert msgpack.unpackb(bad_msgpack.content)["error"]["code"] == "invalid_msgpack"
     nowhere = httpx.get(f"{url}/v2/anything")
     assert nowhere.status_code == 404 and "no route GET /v2/anything" in nowhere.json()["error"]["message"]
-    # A function whose server does not answer: the gateway says where to look, it does not fail with a 500.
+    # A function whose server is gone and cannot be started again (its record names no real bundle): the gateway
+    # tried, says so and where to look; it does not fail with a 500.
     down = httpx.post(f"{url}/v1/chat/completions", json={"model": "beta", "messages": []}, headers=bearer("key-b"))
-    assert down.status_code == 503 and down.json()["error"]["code"] == "function_unavailable"
+    assert down.status_code == 503 and down.json()["error"]["code"] == "restart_failed", down.text
     assert "pkg status /project/functions/beta" in down.json()["error"]["message"]
 
 
