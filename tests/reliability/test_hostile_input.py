@@ -57,7 +57,7 @@ def raw_exchange(live: LiveServer, head: str, body: bytes) -> bytes:
     port = int(live.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=FAST) as sock:
         auth = f"Authorization: Bearer {live.key}\r\nContent-Type: application/json\r\n"
-        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}{head}\r\n".encode() + body)
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}{head}\r\n".encode() + body)
         sock.shutdown(socket.SHUT_WR)
         received = b""
         try:
