@@ -130,6 +130,8 @@ class LocalProcess:
     rss_bytes: int | None
     uptime_seconds: float | None
     requests: int | None  # HTTP requests served since it started (or since its snapshot was taken)
+    crashes: int  # times its server ended on its own in the last crash window (the gateway started it again)
+    last_crash: str  # how the last of those ended ("" when none did)
     started_at: float
     state_dir: str
     log_file: str
@@ -168,6 +170,8 @@ def _process(directory: Path, deployment: LocalDeployment, gateway_url: str | No
         rss_bytes=observed.rss_bytes,
         uptime_seconds=observed.uptime_seconds,
         requests=requests_served(deployment) if observed.state is ServerState.READY else None,
+        crashes=len(crashes.recent(deployment, time.time())),
+        last_crash=deployment.crash_reason,
         started_at=deployment.started_at,
         state_dir=str(directory),
         log_file=deployment.log_file,
