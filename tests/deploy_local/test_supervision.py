@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -240,3 +241,23 @@ def test_a_function_over_its_memory_is_ended_alone_and_started_again(
     for name in (FUNCTION, EMBED):
         assert workspace.pkg("destroy", str(workspace.root / "functions" / name)).returncode == 0
     assert not cgroup.parent.exists()  # destroy removed the function's cgroups
+
+
+def test_where_no_cgroup_can_be_made_the_deploy_says_the_limit_is_not_enforced(workspace: Workspace) -> None:
+    """A host without the memory controller: `pkg deploy` in a mount namespace of its own whose /sys/fs/cgroup
+    is an empty tmpfs (the kernel's cgroups are there, but not mounted where anything could use them)."""
+    settings = "memory_mb = 150\nprocess_snapshot = false"
+    toml = with_local(DEMO_FUNCTION / "function.toml", settings).replace("process_snapshot = true", "")
+    workspace.add_function(FUNCTION, toml)
+    no_cgroups = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
+    no_cgroups += ['mount -t tmpfs none /sys/fs/cgroup && exec "$@"', "sh"]
+    deployed = subprocess.run(
+        [*no_cgroups, *workspace.command("deploy", str(workspace.root / "functions" / FUNCTION))],
+        cwd=workspace.root, env=workspace.env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert deployed.returncode == 0, deployed.stderr
+    said = " ".join(deployed.stdout.split())
+    assert "memory_mb = 150 is NOT enforced: no cgroup memory controller is mounted" in said
+    assert workspace.state()["cgroup"] == "" and workspace.state()["memory_mb"] == 150
+    key = (workspace.state_dir() / "api-key").read_text()
+    assert chat(workspace, key).status_code == 200
