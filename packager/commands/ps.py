@@ -82,6 +82,12 @@ def _print_table(found: list[LocalProcess]) -> None:
     for process in found:
         if process.reason:
             console.print(f"{process.name}: {process.reason} (log: {process.log_file})", highlight=False, markup=False)
+        if process.state == "crashloop":  # what it said last, as `pkg status` shows for one function
+            for line in process.log_tail:
+                console.print(f"  {line}", highlight=False, markup=False)
+        elif process.crashes:
+            said = f"{process.name}: started again by the gateway {process.crashes}x in the last minute; last end: "
+            console.print(said + process.last_crash, highlight=False, markup=False)
 
 
 def _mebibytes(size: int | None) -> str:

@@ -22,10 +22,11 @@ from packager.spec import FunctionSpec, load_spec
 from packager.targets.base import TARGETS, TargetStatus, target
 
 console = Console()
-DOWN_STATES = ("exited", "failed")  # the server is gone or says it cannot start: status exits 1
+DOWN_STATES = ("exited", "failed", "crashloop")  # the server is gone or cannot start: status exits 1
 _STATE_STYLES = {
     "ready": "green", "starting": "yellow", "updating": "yellow", "idle": "cyan",
     "failed": "red", "unresponsive": "red", "exited": "red", "missing": "red", "unreachable": "red",
+    "crashloop": "red",
 }  # fmt: skip
 
 

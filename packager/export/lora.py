@@ -16,7 +16,7 @@ from packager.errors import UserError
 from runtime.adapters.layout import INDEX_INPUT, AdapterLayout, ModuleRange, Projection
 from runtime.bundle import ModelFacts
 
-LORA_GRAPH_VERSION = 4  # bump when the adapter nodes change, to rebuild bundles and adapted exports
+LORA_GRAPH_VERSION = 5  # bump when the adapter nodes change, to rebuild bundles and adapted exports
 
 # The builder's projection names (`/model/layers.N/{group}/{name}/MatMul`) and the modules each computes.
 _GRAPH_PROJECTIONS = {
@@ -33,6 +33,7 @@ _GRAPH_PROJECTIONS = {
 _BATCH = "batch_size"
 _ONE = "/adapters/one"
 _ZERO = "/adapters/zero"
+_ZERO_FLOAT = "/adapters/zero_float"
 _AXIS_0 = "/adapters/axes_0"
 _AXIS_1 = "/adapters/axes_1"
 _INDEX_COLUMN = "/adapters/index_column"
@@ -99,10 +100,11 @@ def add_adapter_inputs(model: onnx.ModelProto, layout: AdapterLayout) -> None:
     constants = {_ONE: ([], [1]), _ZERO: ([], [0]), _AXIS_0: ([1], [0]), _AXIS_1: ([1], [1])}
     constants |= {_rank(layout.columns(p)): ([], [layout.columns(p)]) for p in layout.projections}
     graph.initializer.extend(helper.make_tensor(n, TensorProto.INT64, dims, v) for n, (dims, v) in constants.items())
+    graph.initializer.append(helper.make_tensor(_ZERO_FLOAT, TensorProto.FLOAT, [], [0.0]))
 
 
 def _masks(layout: AdapterLayout) -> list[onnx.NodeProto]:
-    """Per column count C, the mask `[batch, 1, slots * C]`: 1.0 where a row runs the adapter owning that column
+    """Per column count C, the mask `[batch, 1, slots * C]`: true where a row runs the adapter owning that column
     (slot j owns columns `(j - 1) * C .. j * C`; the row's index is j), over the columns bound this run."""
 
     def node(op: str, inputs: list[str], output: str, **attrs: Any) -> onnx.NodeProto:
@@ -119,18 +121,21 @@ def _masks(layout: AdapterLayout) -> list[onnx.NodeProto]:
             node("Div", [f"{mask}/column", _rank(columns)], f"{mask}/slot_from_0"),
             node("Add", [f"{mask}/slot_from_0", _ONE], f"{mask}/slot"),  # the index owning each column
             node("Equal", [_INDEX_COLUMN, f"{mask}/slot"], f"{mask}/owned"),  # [batch, slots * C]
-            node("Unsqueeze", [f"{mask}/owned", _AXIS_1], f"{mask}/owned_3d"),  # [batch, 1, slots * C]
-            node("Cast", [f"{mask}/owned_3d"], mask, to=TensorProto.FLOAT),
+            node("Unsqueeze", [f"{mask}/owned", _AXIS_1], mask),  # [batch, 1, slots * C]
         ]
     return masks
 
 
 def _delta(x: str, stacks: tuple[str, str], columns: int, base: str, out: str, prefix: str) -> list[onnx.NodeProto]:
-    """`out = base + ((x @ A) * mask) @ B` over every bound slot at once: two matmuls on the run's rows.
+    """`out = base + Where(mask, x @ A, 0) @ B` over every bound slot at once: two matmuls on the run's rows.
 
-    The second sums over every bound slot's columns, adding exact zeros (`fma(0, b, acc) == acc`) for all but the
-    row's own, and a slot's columns sit at the same place whatever else is bound: a row's delta does not depend on
-    its batch. With no adapter in the run nothing is bound (zero columns), and the delta is zeros.
+    `Where`, not a multiplication by the mask: another slot's column of `x @ A` may be NaN or inf (its A holds one,
+    or a finite A overflows on this row's activations), and `NaN * 0` is NaN, which the second matmul would add to
+    every output of the row. `Where` writes an exact 0 whatever the column held. The second matmul then sums
+    over every bound slot's rows of B, adding exact zeros (`fma(0, b, acc) == acc` for any finite b: the slots
+    hold finite values only, runtime/adapters/files.py refuses any other) for all but the row's own, and a slot's
+    columns sit at the same place whatever else is bound: a row's delta depends neither on its batch nor on its
+    neighbours' adapters. With no adapter in the run nothing is bound (zero columns), and the delta is zeros.
     """
     a_name, b_name = stacks
 
@@ -139,7 +144,7 @@ def _delta(x: str, stacks: tuple[str, str], columns: int, base: str, out: str, p
 
     return [
         node("MatMul", [x, a_name], "xA"),  # [batch, seq, slots * C]
-        node("Mul", [f"{prefix}/xA", _mask(columns)], "xA_own"),
+        node("Where", [_mask(columns), f"{prefix}/xA", _ZERO_FLOAT], "xA_own"),
         node("MatMul", [f"{prefix}/xA_own", b_name], "delta"),  # [batch, seq, out]
         helper.make_node("Add", [base, f"{prefix}/delta"], [out], name=f"{prefix}/Add"),
     ]

@@ -9,6 +9,7 @@ connection pool) lives on the `Function` object and survives those re-reads.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,11 +18,12 @@ import httpx
 
 from packager.errors import UserError
 from packager.gateway.upstream import Pool
-from packager.targets.local import store
+from packager.targets.local import lock, server_process, store
 from packager.targets.local.records import LocalDeployment
 from runtime.api.errors import APIError
 from runtime.http.auth import BearerAuth
 
+log = logging.getLogger("onnxfn.gateway")
 REFRESH_SECONDS = 0.5
 # No read timeout: a stream is as long as the generation; connecting to a local server is quick or it is down.
 UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=None, write=60.0, pool=None)
@@ -61,12 +63,26 @@ class Function:
     def opens(self, authorization: str | None) -> bool:
         return not self.key_problem and BearerAuth(self.key).allows(authorization)
 
-    def pool(self) -> Pool:
-        """The relay's connections to its server (upstream.py). Like `client`, closed before the server is
-        stopped, so no connection of the gateway's is in its process snapshot."""
+    def serving(self) -> tuple[str, int] | None:
+        """(URL, pid) of the server requests go to now: its own once ready; while a deploy starts a new one, the
+        one it replaces, as long as that runs (a rolling redeploy); None when neither serves yet."""
+        deployment = self.deployment
+        if deployment.ready:
+            return deployment.url, deployment.pid
+        if deployment.previous_url and server_process.alive(deployment.previous_pid):
+            return deployment.previous_url, deployment.previous_pid
+        return None
+
+    def pool(self, serving: tuple[str, int]) -> Pool:
+        """The relay's connections to the server at `serving` (upstream.py). Like `client`, closed before the
+        server is stopped, so no connection of the gateway's is in its process snapshot."""
+        url = serving[0]
+        if self._pool is not None and self._pool.url != url:
+            self._pool.close()  # a rolling redeploy switched servers: connections out now finish on the old one
+            self._pool = None
         if self._pool is None:
-            url = httpx.URL(self.deployment.url)
-            self._pool = Pool(url.host, url.port or 80)
+            parsed = httpx.URL(url)
+            self._pool = Pool(url, parsed.host, parsed.port or 80)
         return self._pool
 
     def client(self) -> httpx.AsyncClient:
@@ -134,15 +150,20 @@ class Registry:
         seen: set[Path] = set()
         for state_file in (self.root / "functions").glob(f"*/{store.STATE_FILE}"):
             directory = state_file.parent
+            known = self._functions.get(directory)
             try:
                 stamp = state_file.stat().st_mtime_ns
-                known = self._functions.get(directory)
                 if known is not None and known.stamp == stamp:
                     seen.add(directory)
                     continue
                 deployment = store.load(directory)
-            except (FileNotFoundError, UserError):
-                continue  # removed meanwhile, or corrupt (`pkg ps` reports it)
+            except FileNotFoundError:
+                continue  # removed meanwhile
+            except UserError as exc:
+                if known is not None:  # its server still runs: keep routing to it, and put its record back
+                    seen.add(directory)
+                    _repair(directory, known, str(exc))
+                continue  # a record never read: `pkg ps` reports it
             if deployment is None:
                 continue
             seen.add(directory)
@@ -164,3 +185,20 @@ class Registry:
         function.deployment, function.stamp, function.key, function.key_problem = deployment, stamp, key, problem
         function.last_activity = max(function.last_activity, deployment.started_at)
         return function
+
+
+def _repair(directory: Path, known: Function, problem: str) -> None:
+    """Write the last record read back over a corrupt `state.json` (atomically, as every writer does), unless a
+    `pkg` holds the function's lock: it writes its own."""
+    try:
+        with lock.held(directory, known.name, "gateway: repair", _quiet, wait=0):
+            store.save(directory, known.deployment)
+    except (lock.Busy, OSError) as exc:
+        log.warning("%s: %s; not repaired now (%s)", known.name, problem, exc)
+        return
+    known.stamp = (directory / store.STATE_FILE).stat().st_mtime_ns
+    log.warning("%s: %s; wrote back the record the gateway read last", known.name, problem)
+
+
+def _quiet(message: str) -> None:
+    """A repair gives way to a `pkg` at once: nothing to wait for or say."""

@@ -7,6 +7,12 @@ when a request comes (packager/targets/local/idle.py does both, under the functi
 - **Wake**: the first request for an idle function starts the wake; up to `max_waking_requests` requests
   wait for it (the suspend before it, if one is under way), the next ones get 429 with `Retry-After`. A wake
   that fails answers every waiting request with a 503 saying why: none is dropped.
+- **Supervision** (packager/targets/local/supervise.py): a request that reaches no server finds out why
+  (`recover`): a redeploy moved it (the record says where), a deploy is starting it (the request waits), or
+  its server ended: it is started again (from its snapshot where valid; the second and later restarts in a
+  minute after a growing pause) while requests wait as for a wake; after too many ends in a minute the
+  function is in `crashloop` and requests get a 503 saying why until a redeploy or the minute has passed.
+  A stream that broke off starts the restart at once, so the next request finds it under way.
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ import httpx
 
 from packager.gateway import metrics
 from packager.gateway.functions import Function, Registry
-from packager.targets.local import idle
+from packager.targets.base import READY_TIMEOUT
+from packager.targets.local import crashes, idle, lock, server_process, starting, supervise
 from runtime.api.errors import APIError
 
 log = logging.getLogger("onnxfn.gateway")
 TICK_SECONDS = 1.0
 MIN_SCRAPE_SECONDS = 1.0
+RECORD_POLL = 0.05  # while a deploy starts a function's new server, how often its record is read again
 
 
 class Lifecycle:
@@ -43,24 +51,55 @@ class Lifecycle:
                 if function.waiting >= limit:
                     raise _too_many_waiting(function, limit)
                 function.waiting += 1
+                kind = function.transition_kind
                 try:
                     await asyncio.shield(task)
-                except Exception as exc:  # the wake failed: every waiting request is told why
-                    raise APIError(
-                        503,
-                        f"{function.name} was idle and could not be started again: {str(exc).splitlines()[0]}; "
-                        f"the gateway's log and `pkg ps` say more",
-                        error_type="server_error",
-                        code="wake_failed",
-                    ) from exc
+                except Exception as exc:  # the wake or restart failed: every waiting request is told why
+                    raise _start_failed(function, kind, exc) from exc
                 finally:
                     function.waiting -= 1
-                if function.transition_kind == "wake":
+                if kind in ("wake", "restart"):
                     waited = f"{function.deployment.start} in {function.last_wake_seconds:.3f} s"
                 continue
+            left = crashes.crashloop_left(function.deployment, time.time())
+            if left > 0:
+                raise _crashloop(function, left)
             if not function.idle:
                 return waited
             self._begin(function, "wake", self._wake)
+
+    async def recover(self, function: Function, problem: str) -> None:
+        """Nothing reached `function`'s server (`problem`): return once another attempt may succeed, or raise
+        the 503 that says why none will."""
+        before = function.serving()
+        await self.registry.refresh(force=True)
+        if function not in self.registry.all():
+            raise _unavailable(function, f"it was destroyed meanwhile ({problem})")
+        if function.transition is not None or function.idle or function.serving() != before:
+            return  # under way, idle (a request wakes it), or moved by a redeploy
+        if before is None:  # a deploy is starting its new server and the old one is gone: wait for the new one
+            await self._until_ready(function, problem)
+            return
+        if server_process.alive(before[1]):
+            await asyncio.sleep(RECORD_POLL)  # it runs but takes no connection yet (or no more): look again
+            return
+        self.crashed(function)
+
+    def crashed(self, function: Function) -> None:
+        """Its server ended on its own: start it again now (with backoff), unless that is under way."""
+        if function.transition is None:
+            self._begin(function, "restart", self._restart)
+
+    async def _until_ready(self, function: Function, problem: str) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while function.serving() is None and function in self.registry.all():
+            if time.monotonic() > deadline or not lock.busy(function.directory):
+                if function.serving() is None and not function.deployment.ready:
+                    # no deploy holds it: the one that started this server ended; supervision takes it over
+                    self.crashed(function)
+                return
+            await asyncio.sleep(RECORD_POLL)
+            await self.registry.refresh(force=True)
 
     def _begin(self, function: Function, kind: str, run: Callable[[Function], Awaitable[None]]) -> None:
         async def transition() -> None:
@@ -71,6 +110,8 @@ class Lifecycle:
 
         function.transition_kind = kind
         function.transition = asyncio.get_running_loop().create_task(transition())
+        # A restart nobody waits for (a stream broke off) fails in the log, not as an unretrieved exception.
+        function.transition.add_done_callback(lambda task: task.cancelled() or task.exception())
 
     async def _wake(self, function: Function) -> None:
         started = time.monotonic()
@@ -87,6 +128,30 @@ class Lifecycle:
         note = f" ({deployment.start_note})" if deployment.start_note else ""
         log.info("woke %s: %s in %.3f s%s", function.name, deployment.start, function.last_wake_seconds, note)
 
+    async def _restart(self, function: Function) -> None:
+        await function.close()
+        noted = await asyncio.to_thread(supervise.record_crash, function.directory)
+        if noted is None:
+            raise idle.NotIdle(f"{function.name} is no longer deployed")
+        await self.registry.update(function.directory, noted)
+        pause = crashes.backoff(noted, time.time())
+        ended = not server_process.serves_bundle(noted.pid, noted.bundle)
+        if ended and pause > 0 and crashes.crashloop_left(noted, time.time()) <= 0:
+            log.info("%s ended again (%s): starting it in %.1f s", function.name, noted.crash_reason, pause)
+            await asyncio.sleep(pause)
+        started = time.monotonic()
+        try:
+            deployment = await asyncio.to_thread(supervise.restart, function.directory)
+        except Exception as exc:
+            log.error("could not start %s again: %s", function.name, str(exc).splitlines()[0])
+            await self.registry.refresh(force=True)  # the record says how it ended
+            raise
+        function.last_wake_seconds = time.monotonic() - started
+        await self.registry.update(function.directory, deployment)
+        function.last_activity = time.time()
+        log.info("%s ended (%s); started again: %s in %.3f s", function.name, noted.crash_reason or "gone",
+                 deployment.start, function.last_wake_seconds)  # fmt: skip
+
     async def _suspend(self, function: Function) -> None:
         await function.close()
         deployment = await asyncio.to_thread(idle.suspend, function.directory)
@@ -101,6 +166,7 @@ class Lifecycle:
         """Every second: stop the functions that have been idle long enough. Runs as long as the gateway."""
         while True:
             await asyncio.sleep(TICK_SECONDS)
+            starting.reap()
             try:
                 await self.registry.refresh()
                 for function in self.registry.all():
@@ -112,6 +178,8 @@ class Lifecycle:
         timeout = function.deployment.idle_timeout
         if timeout <= 0 or function.idle or function.transition is not None or function.key_problem:
             return
+        if not function.deployment.ready:
+            return  # a deploy is starting its new server
         now = time.time()
         if now >= function.next_scrape:
             function.next_scrape = now + max(MIN_SCRAPE_SECONDS, timeout / 4)
@@ -148,4 +216,46 @@ def _too_many_waiting(function: Function, limit: int) -> APIError:
         error_type="rate_limit_error",
         code="waking",
         headers={"Retry-After": str(retry_after)},
+    )
+
+
+def _start_failed(function: Function, kind: str, exc: Exception) -> APIError:
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, supervise.CrashLoop):
+        return _crashloop(function, crashes.crashloop_left(function.deployment, time.time()))
+    if kind == "restart":
+        return APIError(
+            503,
+            f"the server of {function.name} ended and could not be started again: {first}; `pkg status "
+            f"{function.deployment.function_dir}` and its log ({function.deployment.log_file}) say more",
+            error_type="server_error",
+            code="restart_failed",
+        )
+    what = "was idle and could not be started again" if kind == "wake" else "could not be stopped as idle"
+    return APIError(
+        503,
+        f"{function.name} {what}: {first}; the gateway's log and `pkg ps` say more",
+        error_type="server_error",
+        code="wake_failed",
+    )
+
+
+def _crashloop(function: Function, left: float) -> APIError:
+    retry_after = max(1, math.ceil(left))
+    return APIError(
+        503,
+        f"{function.name} is in a crash loop: {crashes.describe(function.deployment, time.time())}",
+        error_type="server_error",
+        code="crashloop",
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
+def _unavailable(function: Function, why: str) -> APIError:
+    return APIError(
+        503,
+        f"the server of {function.name} does not answer: {why}; `pkg status {function.deployment.function_dir}` "
+        "says why, and `pkg deploy` starts it again",
+        error_type="server_error",
+        code="function_unavailable",
     )

@@ -98,5 +98,5 @@ async def _row(function: Function, task: str) -> dict[str, Any]:
 
 def _state(function: Function) -> str:
     if function.transition is not None:
-        return "waking" if function.transition_kind == "wake" else "stopping"
+        return "stopping" if function.transition_kind == "suspend" else "waking"
     return "idle" if function.idle else "ready"

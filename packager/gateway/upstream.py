@@ -6,6 +6,10 @@ cost the gateway ~170 µs of CPU per token on this machine, ~6 % of 8 streams' t
 shares the cores with the engine. This path is an asyncio protocol whose `data_received` feeds the parser,
 and one future per wait: the relay wakes once for all the bytes that came meanwhile. Connections are kept
 per function (`Pool`) and reused while the server keeps them open.
+
+A chunked body (a stream) is handed over in whole HTTP chunks only: the runtime writes one SSE event or
+msgpack frame per chunk, so a server that dies mid-write never leaves half an event for the relay to pass on
+before its error event.
 """
 
 from __future__ import annotations
@@ -22,12 +26,18 @@ class UpstreamError(Exception):
     """The server closed the connection or sent something that is not HTTP, before the response ended."""
 
 
+class Unreachable(Exception):
+    """No connection to the server could be made: nothing of the request reached it, so it may be sent again."""
+
+
 class Upstream(asyncio.Protocol):
     def __init__(self) -> None:
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._chunks: list[bytes] = []
+        self._partial: list[bytes] = []  # the HTTP chunk being received
+        self._chunked = False
         self._header_list: list[tuple[bytes, bytes]] = []
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []  # set once the head is complete
@@ -59,17 +69,32 @@ class Upstream(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
         self.headers = self._header_list
+        self._chunked = (b"transfer-encoding", b"chunked") in self._header_list
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self._chunked:
+            self._partial.append(bytes(body))
+            return
         self._chunks.append(bytes(body))
         self._wake()
+
+    def on_chunk_complete(self) -> None:
+        if self._partial:
+            self._chunks.extend(self._partial)
+            self._partial.clear()
+            self._wake()
 
     def on_message_complete(self) -> None:
         self.complete = True
         self._wake()
 
     # the relay's side
+    @property
+    def streamed(self) -> bool:
+        """The body comes in chunks as the server writes it (a stream), not with a length up front."""
+        return self._chunked
+
     @property
     def reusable(self) -> bool:
         return self.complete and self._transport is not None and not self._transport.is_closing()
@@ -95,6 +120,7 @@ class Upstream(asyncio.Protocol):
         """Ready for the next request on this connection."""
         self._parser = httptools.HttpResponseParser(self)
         self._header_list, self.headers, self.status = [], [], 0
+        self._partial, self._chunked = [], False
         self.complete = self.received = False
         self.error = None
 
@@ -125,9 +151,10 @@ class Upstream(asyncio.Protocol):
 class Pool:
     """The idle connections to one server."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
+    def __init__(self, url: str, host: str, port: int) -> None:
+        self.url, self.host, self.port = url, host, port
         self._idle: list[Upstream] = []
+        self._closed = False
 
     async def request(self, method: str, target: str, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> Upstream:
         """Send the request and wait for the response's head. A kept connection the server closed meanwhile
@@ -148,18 +175,23 @@ class Pool:
                 if connection.received:
                     raise
         loop = asyncio.get_running_loop()
-        _, connection = await asyncio.wait_for(loop.create_connection(Upstream, self.host, self.port), CONNECT_TIMEOUT)
+        try:
+            connecting = loop.create_connection(Upstream, self.host, self.port)
+            _, connection = await asyncio.wait_for(connecting, CONNECT_TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            raise Unreachable(f"nothing answers at {self.url} ({exc or 'no connection within the timeout'})") from exc
         connection.send(head, body)
         await connection.head()
         return connection
 
     def release(self, connection: Upstream) -> None:
-        if connection.reusable:
+        if connection.reusable and not self._closed:  # closed: its server moved or stops; nothing to keep
             self._idle.append(connection)
         else:
             connection.close()
 
     def close(self) -> None:
+        self._closed = True
         for connection in self._idle:
             connection.close()
         self._idle.clear()

@@ -11,6 +11,7 @@ A target is one class behind `Target` (the way httpx puts each transport behind 
     logs(spec, ...) -> Iterator[LogLine]  the deployment's log
     scaling(spec) -> (min, max)           how far the deployment scales
     emit_terraform(spec, out, progress)   the same resources as a Terraform root module
+    emit_kubernetes(spec, out, progress)  the same deployment as Kubernetes manifests
 
 A target that cannot do one of these raises the `UserError` of `refuse`, which says so and what to use
 instead: a command never needs `if target == ...`, and never ends in a traceback. Targets load on first use
@@ -36,6 +37,7 @@ TARGET_CLASSES = {
     "aws-sagemaker": "packager.targets.aws.targets:SageMaker",
     "greengrass": "packager.targets.greengrass.target:Greengrass",
     "jetson": "packager.targets.jetson:Jetson",
+    "ray": "packager.targets.ray.target:Ray",
 }
 TARGETS = tuple(TARGET_CLASSES)
 READY_TIMEOUT = 120.0  # seconds a deploy waits for its endpoint to serve (a first start compiles and loads)
@@ -131,6 +133,9 @@ class Target(ABC):
 
     def emit_terraform(self, spec: FunctionSpec, out: Path, progress: StepProgress) -> list[Path]:
         raise self.refuse("deploy --emit-terraform", "use --target aws-lambda or --target aws-sagemaker")
+
+    def emit_kubernetes(self, spec: FunctionSpec, out: Path, progress: StepProgress) -> list[Path]:
+        raise self.refuse("deploy --emit-kubernetes", "use --target ray (a KubeRay RayService)")
 
     def refuse(self, command: str, instead: str) -> UserError:
         return UserError(f"pkg {command} does not work with --target {self.name}: {instead}", exit_code=2)

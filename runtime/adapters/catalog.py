@@ -11,10 +11,13 @@ import hashlib
 import os
 import tempfile
 import threading
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
-from runtime.adapters.files import SUFFIX, AdapterFile, AdapterFileError, misfit, read_adapter_file
+from runtime.adapters.files import SUFFIX, AdapterFileError, AdapterMisfit, verify_adapter_file
 from runtime.adapters.layout import NAME, NAME_RULE, AdapterLayout
 
 
@@ -25,6 +28,25 @@ class CatalogEntry:
     digest: str  # sha256:…, of the file: what the prefix cache and the slots key the adapter by
     size: int
     bundled: bool  # shipped in the bundle (removed only by a rebuild)
+
+
+@dataclass
+class IncomingAdapter:
+    """An upload being written: its bytes so far, hashed as they go."""
+
+    path: Path
+    file: BinaryIO
+    size: int = 0
+    _hash: Any = field(default_factory=hashlib.sha256)
+
+    def write(self, chunk: bytes) -> None:
+        self.file.write(chunk)
+        self._hash.update(chunk)
+        self.size += len(chunk)
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + self._hash.hexdigest()
 
 
 class AdapterCatalog:
@@ -55,32 +77,50 @@ class AdapterCatalog:
 
         `digest`: what the sender says the bytes hash to; a mismatch is a transfer error, nothing is stored.
         """
-        if not NAME.match(name):
-            raise AdapterFileError(f"adapter name {name!r} is not valid: {NAME_RULE}")
+        with self.incoming() as incoming:
+            incoming.write(data)
+            return self.add_file(name, incoming, digest)
+
+    @contextmanager
+    def incoming(self) -> Iterator[IncomingAdapter]:
+        """A file in the adapter directory to stream an upload into (hashed as it is written), so a large one is
+        never held in memory; `add_file` verifies and renames it, and it is removed if not added."""
         if self.directory is None:
             raise AdapterFileError("this server has no adapter directory (--adapter-dir), so it cannot add adapters")
-        actual = "sha256:" + hashlib.sha256(data).hexdigest()
-        if digest is not None and digest != actual:
-            raise AdapterFileError(f"the adapter's bytes hash to {actual}, not the {digest} sent with them; resend")
         self.directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".incoming-", suffix=SUFFIX)
+        incoming = IncomingAdapter(Path(tmp), os.fdopen(fd, "wb"))
         try:
-            with os.fdopen(fd, "wb") as file:
-                file.write(data)
-                file.flush()
-                os.fsync(file.fileno())
-            self._check(read_adapter_file(Path(tmp)), name)
-            with self._lock:
-                existing = self._entries.get(name)
-                if existing is not None and existing.bundled:
-                    raise AdapterFileError(f"{name!r} is one of the bundle's adapters; add it under another name")
-                path = self.directory / f"{name}{SUFFIX}"
-                os.replace(tmp, path)
-                entry = self._entries[name] = CatalogEntry(name, path, actual, len(data), bundled=False)
-            return entry
+            yield incoming
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            incoming.file.close()
+            incoming.path.unlink(missing_ok=True)
+
+    def add_file(self, name: str, incoming: IncomingAdapter, digest: str | None = None) -> CatalogEntry:
+        """`add` for bytes already streamed into `incoming`: verified one tensor at a time, then renamed."""
+        if not NAME.match(name):
+            raise AdapterFileError(f"adapter name {name!r} is not valid: {NAME_RULE}")
+        actual = incoming.digest
+        if digest is not None and digest != actual:
+            raise AdapterFileError(f"the adapter's bytes hash to {actual}, not the {digest} sent with them; resend")
+        incoming.file.flush()
+        os.fsync(incoming.file.fileno())
+        try:
+            verify_adapter_file(incoming.path, self.layout, label=f"{name!r}")
+        except AdapterMisfit as exc:
+            raise AdapterFileError(
+                f"adapter {name!r} does not fit this bundle: {exc}; declare it under [[adapters]] in "
+                "function.toml (or widen [export] adapter_rank / adapter_modules) and rebuild"
+            ) from None
+        assert self.directory is not None  # `incoming` needs it
+        with self._lock:
+            existing = self._entries.get(name)
+            if existing is not None and existing.bundled:
+                raise AdapterFileError(f"{name!r} is one of the bundle's adapters; add it under another name")
+            path = self.directory / f"{name}{SUFFIX}"
+            os.replace(incoming.path, path)
+            entry = self._entries[name] = CatalogEntry(name, path, actual, incoming.size, bundled=False)
+        return entry
 
     def remove(self, name: str) -> CatalogEntry:
         with self._lock:
@@ -92,14 +132,6 @@ class AdapterCatalog:
             del self._entries[name]
             entry.path.unlink(missing_ok=True)
             return entry
-
-    def _check(self, adapter: AdapterFile, name: str) -> None:
-        problem = misfit(adapter, self.layout)
-        if problem is not None:
-            raise AdapterFileError(
-                f"adapter {name!r} does not fit this bundle: {problem}; declare it under [[adapters]] in "
-                "function.toml (or widen [export] adapter_rank / adapter_modules) and rebuild"
-            )
 
 
 def bundled_entry(name: str, path: Path, digest: str, size: int) -> CatalogEntry:

@@ -130,7 +130,7 @@ def _fetch_one(
     s3: Any, bucket: str, stored: StoredAdapter, directory: Path, layout: AdapterLayout, bundled: frozenset[str]
 ) -> str | None:
     """None once `directory/NAME.safetensors` is the verified adapter, else why it is not."""
-    from runtime.adapters.files import AdapterFileError, misfit, read_adapter_file
+    from runtime.adapters.files import AdapterFileError, AdapterMisfit, verify_adapter_file
 
     if not NAME.match(stored.name):
         return "not a valid adapter name"
@@ -160,11 +160,11 @@ def _fetch_one(
                 f"{stored.size} bytes, {stored.sha256[:16]}…"
             )
         try:
-            problem = misfit(read_adapter_file(Path(tmp)), layout)
+            verify_adapter_file(Path(tmp), layout, label=stored.key)  # values too: a non-finite one is refused
+        except AdapterMisfit as exc:
+            return f"does not fit this bundle's adapter inputs: {exc}"
         except AdapterFileError as exc:
             return f"not an adapter file: {exc}"
-        if problem is not None:
-            return f"does not fit this bundle's adapter inputs: {problem}"
         os.replace(tmp, final)
         return None
     finally:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.http.connection_limits import add_connection_arguments
-from runtime.http.serve import bind, uvicorn_config
+from runtime.http.serve import add_host_arguments, bind, uvicorn_config
 from runtime.startup import add_model_arguments
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ def register(subparsers: Any) -> None:
     serving.add_argument("--drain-timeout", type=float, default=30.0, help="seconds a replaced bundle may finish in")
     add_model_arguments(parser)
     add_connection_arguments(parser)
+    add_host_arguments(parser)  # a device is reached by its address; by a name only when allowed
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.set_defaults(run=run)
 

@@ -13,6 +13,7 @@ Streams:
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import msgpack
@@ -42,8 +43,10 @@ def decode_body(raw: bytes, content_type: str | None, *, text: bool = True) -> A
     `text=False` leaves `check_text` to the caller (a queue envelope checks its parts one by one).
     """
     if is_msgpack(content_type):
-        body = _decode_msgpack(raw)  # its strings are strict UTF-8 already
+        body = _decode_msgpack(raw)  # its strings are strict UTF-8 already, but it may hold bytes
         _check_depth(body)
+        if text:
+            check_text(body)
         return body
     body = _decode_json(raw)
     _check_depth(body)
@@ -108,29 +111,73 @@ def _check_depth(body: Any) -> None:
 
 
 def check_text(body: Any) -> None:
-    """Refuse strings that are not Unicode text. JSON's `\\ud800` escapes decode to lone UTF-16 surrogates, which
-    no tokenizer, log line or UTF-8 response can carry; found here, they are a 400 naming where they are."""
+    """Refuse what is not JSON text, found anywhere in the body, with a 400 naming where it is:
+
+    - strings that are not Unicode text. JSON's `\\ud800` escapes decode to lone UTF-16 surrogates, which no
+      tokenizer, log line or UTF-8 response can carry;
+    - values JSON has no type for, which a msgpack body can hold: bytes (bin), ext types, map keys other than
+      strings and integers (integer keys stay: msgpack clients key `logit_bias` by token id). Every later
+      reader (a tool schema's `json.dumps`, a grammar, a template) expects JSON's types;
+    - NaN, which msgpack can carry and JSON cannot (infinities, which JSON's `1e999` gives too, are each field's
+      validator's to refuse, with the field's own message).
+    """
     stack = [body]
     while stack:
         node = stack.pop()
-        if isinstance(node, dict | list):
+        if isinstance(node, dict):
             stack.extend(_children(node))
-        elif isinstance(node, str) and not node.isascii():
-            try:
-                node.encode()
-            except UnicodeEncodeError as exc:
-                bad = node[exc.start : exc.end].encode("unicode_escape").decode()
+            key = next((k for k in node if not isinstance(k, str | int) or isinstance(k, bool)), _NO_KEY)
+            if key is not _NO_KEY:
                 param, where = _path_to(body, node) or (None, "the request body")
-                raise APIError(
-                    400,
-                    f"{where} holds a lone UTF-16 surrogate ({bad}), which is not Unicode text: send valid UTF-8 "
-                    "(in JSON, a \\uD8xx escape must be followed by a \\uDCxx one)",
-                    param=param,
-                    code="invalid_unicode",
-                ) from None
+                raise _not_json(param, f"{where} has a map key {_shown(key)}; JSON keys are strings")
+        elif isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, str):
+            if not node.isascii():
+                _check_unicode(body, node)
+        elif isinstance(node, float):
+            if math.isnan(node):
+                param, where = _path_to(body, node) or (None, "the request body")
+                raise _not_json(param, f"{where} is NaN, which JSON cannot carry; send a number")
+        elif not (node is None or isinstance(node, int)):  # bool is an int
+            param, where = _path_to(body, node) or (None, "the request body")
+            raise _not_json(
+                param, f"{where} is {_shown(node)}, which JSON has no type for; send it as a string or a number"
+            )
 
 
-def _path_to(node: Any, target: str, path: str = "") -> tuple[str | None, str] | None:
+_NO_KEY = object()
+
+
+def _check_unicode(body: Any, node: str) -> None:
+    try:
+        node.encode()
+    except UnicodeEncodeError as exc:
+        bad = node[exc.start : exc.end].encode("unicode_escape").decode()
+        param, where = _path_to(body, node) or (None, "the request body")
+        raise APIError(
+            400,
+            f"{where} holds a lone UTF-16 surrogate ({bad}), which is not Unicode text: send valid UTF-8 "
+            "(in JSON, a \\uD8xx escape must be followed by a \\uDCxx one)",
+            param=param,
+            code="invalid_unicode",
+        ) from None
+
+
+def _shown(value: Any) -> str:
+    """A value JSON cannot hold, described by its msgpack type (never its bytes: they may be large or secret)."""
+    if isinstance(value, bytes | bytearray):
+        return f"bytes (a msgpack bin of {len(value)} bytes)"
+    if isinstance(value, msgpack.ExtType):
+        return f"a msgpack ext value (type {value.code})"
+    return f"a {type(value).__name__}"
+
+
+def _not_json(param: str | None, message: str) -> APIError:
+    return APIError(400, message, param=param, code="invalid_msgpack")
+
+
+def _path_to(node: Any, target: object, path: str = "") -> tuple[str | None, str] | None:
     """Where `target` (this very object) sits in `node`: the param (`messages[0].content`) and its description."""
     if node is target:
         return path or None, path or "the request body"

@@ -17,6 +17,9 @@ MAX_BACKLOG = 2048  # uvicorn's default listen backlog, which is also how many s
 # listener readable, so more rounds land meanwhile: with one round budgeted, a 2,248-socket flood on a
 # 2,048-descriptor server still hit EMFILE in accept() now and then (1 run in 4).
 ACCEPT_ROUNDS_IN_FLIGHT = 3
+# A request body's limit, the servers' `--max-body-bytes` default and the gateway's (which routes by the body's
+# `model`, so it reads a body before it knows the function): the longest prompt and tools fit well inside it.
+MAX_BODY_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)

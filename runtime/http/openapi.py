@@ -41,12 +41,16 @@ def nullable(schema: Schema) -> Schema:
 _ERRORS = {
     "400": "The body or a parameter is invalid; `error.param` names it",
     "401": "Missing or wrong bearer API key",
+    "403": "`Host` or `Origin` names another site: a request a web page made (see `host_not_allowed`)",
     "404": "Unknown model",
     "409": "The adapter is one of the bundle's own: a rebuild changes it",
     "413": "The body is larger than the server's limit",
+    "415": "A body type browsers send across sites unasked (`text/plain`, forms): send JSON or msgpack",
     "429": "The request queue is full; retry after `Retry-After` seconds",
     "503": "The model is still loading or failed to load",
 }
+# What a request with a body may get: 403 and 415 from the servers bound to the user's machine (host_guard.py).
+REQUEST_ERRORS = ("400", "401", "403", "404", "413", "415", "429", "503")
 _ERROR_SCHEMAS: dict[str, Schema] = {
     "Error": {
         "type": "object",
@@ -111,7 +115,7 @@ def generation_operation(summary: str, body: str, result: str, chunk: str) -> di
                     MSGPACK_TYPE: {"schema": {"anyOf": [ref(result), stream_of_maps]}},
                 },
             },
-            **error_responses("400", "401", "404", "413", "429", "503"),
+            **error_responses(*REQUEST_ERRORS),
         },
     }
 
@@ -261,7 +265,7 @@ def embeddings_piece(policy: RequestPolicy) -> RoutePiece:
     operation = {
         "summary": "Create embeddings",
         "requestBody": {"required": True, "content": both(ref("EmbeddingRequest"))},
-        "responses": {"200": ok(ref("EmbeddingList")), **error_responses("400", "401", "404", "413", "429", "503")},
+        "responses": {"200": ok(ref("EmbeddingList")), **error_responses(*REQUEST_ERRORS)},
     }
     return RoutePiece({"/v1/embeddings": {"post": operation}}, {"EmbeddingRequest": request, "EmbeddingList": response})
 
@@ -295,7 +299,7 @@ def classify_piece(policy: RequestPolicy) -> RoutePiece:
         "requestBody": {"required": True, "content": both(ref("ClassificationRequest"))},
         "responses": {
             "200": ok(ref("ClassificationList")),
-            **error_responses("400", "401", "404", "413", "429", "503"),
+            **error_responses(*REQUEST_ERRORS),
         },
     }
     schemas = {"ClassificationRequest": _encoder_request(policy), "ClassificationList": response}

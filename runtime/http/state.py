@@ -30,21 +30,26 @@ class ServerState(ModelService):
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refusing (413) anything over `limit` bytes before reading more than that."""
-    declared = request.headers.get("content-length", "")
-    # ASCII digits only ("²".isdigit() is true) and few of them: int() refuses over 4,300 digits.
-    if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
-        raise _too_large(int(declared[:19]), limit)
+    refuse_declared_length(request, limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise _too_large(size, limit)
+            raise too_large(size, limit)
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-def _too_large(size: int, limit: int) -> APIError:
+def refuse_declared_length(request: Request, limit: int) -> None:
+    """413 when `Content-Length` already says the body is over `limit`, before a byte of it is read."""
+    declared = request.headers.get("content-length", "")
+    # ASCII digits only ("²".isdigit() is true) and few of them: int() refuses over 4,300 digits.
+    if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+        raise too_large(int(declared[:19]), limit)
+
+
+def too_large(size: int, limit: int) -> APIError:
     return APIError(
         413, f"the request body is at least {size} bytes; the limit is {limit} bytes", code="request_too_large"
     )

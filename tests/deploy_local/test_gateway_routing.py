@@ -4,78 +4,25 @@ idle stops and wakes are in test_gateway.py."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import asdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import msgpack
 import pytest
 import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
 
 from packager.gateway.app import create_app
 from packager.gateway.functions import REFRESH_SECONDS, Registry
-from packager.targets.local.records import LocalDeployment
 from packager.targets.local.server_process import free_port
-
-EVENT_GAP = 0.3
-
-
-def record(root: Path, name: str, url: str, key: str | None, folder: str | None = None) -> None:
-    directory = root / "functions" / f"{folder or name}-0123456789ab"
-    directory.mkdir(parents=True)
-    if key is not None:
-        (directory / "api-key").write_text(key)
-    deployment = LocalDeployment(
-        function=name, url=url, host="127.0.0.1", port=int(url.rsplit(":", 1)[1]), pid=2**22 + 1,
-        bundle="/nowhere", bundle_digest="sha256:" + "ab" * 32, started_at=time.time(),
-        log_file=str(directory / "server.log"), api_key_source="file" if key else "none",
-        api_key_location=str(directory / "api-key") if key else "", command=("python", "-m", "runtime"),
-        function_dir=f"/project/functions/{folder or name}",
-    )  # fmt: skip
-    (directory / "state.json").write_text(json.dumps(asdict(deployment)))
-
-
-ABANDONED: list[int] = []  # streams of the stand-in whose client went away, by how many events were sent
-
-
-def stand_in() -> Starlette:
-    """Answers like a function's server: echoes what it got, or streams SSE events EVENT_GAP apart (3, or
-    `n` of them), noting a stream whose client went away before its end."""
-
-    async def endpoint(request: Request) -> Response:
-        body = await request.body()
-        if b'"stream": true' in body or b'"stream":true' in body:
-            count = int(json.loads(body).get("n", 3))
-
-            async def events() -> AsyncIterator[bytes]:
-                sent = 0
-                try:
-                    for index in range(count):
-                        yield f'data: {{"index": {index}}}\n\n'.encode()
-                        sent += 1
-                        await asyncio.sleep(EVENT_GAP)
-                    yield b"data: [DONE]\n\n"
-                except BaseException:
-                    ABANDONED.append(sent)
-                    raise
-
-            return StreamingResponse(events(), media_type="text/event-stream")
-        echoed = {"path": request.url.path, "auth": request.headers.get("authorization"), "bytes": len(body)}
-        return Response(json.dumps(echoed), media_type="application/json", headers={"x-upstream": "yes"})
-
-    return Starlette(routes=[Route("/v1/{rest:path}", endpoint, methods=["POST"])])
+from tests.deploy_local import standin
+from tests.deploy_local.standin import ABANDONED, EVENT_GAP, record
 
 
 @pytest.fixture
@@ -88,8 +35,9 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     record(root, "alpha", f"http://127.0.0.1:{upstream_port}", "key-a")
     record(root, "open", f"http://127.0.0.1:{upstream_port}", None)
     record(root, "beta", f"http://127.0.0.1:{free_port('127.0.0.1')}", "key-b")
-    for app, port in ((stand_in(), upstream_port), (create_app(Registry(root)), gateway_port)):
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    gateway = uvicorn.Config(create_app(Registry(root)), host="127.0.0.1", port=gateway_port, loop="asyncio")
+    for config in (standin.config(upstream_port), gateway):
+        server = uvicorn.Server(config)
         threading.Thread(target=server.run, daemon=True).start()
         servers.append(server)
     deadline = time.monotonic() + 10
@@ -173,9 +121,10 @@ def test_client_mistakes_are_openai_shaped_4xx(served: tuple[str, Path]) -> None
     assert msgpack.unpackb(bad_msgpack.content)["error"]["code"] == "invalid_msgpack"
     nowhere = httpx.get(f"{url}/v2/anything")
     assert nowhere.status_code == 404 and "no route GET /v2/anything" in nowhere.json()["error"]["message"]
-    # A function whose server does not answer: the gateway says where to look, it does not fail with a 500.
+    # A function whose server is gone and cannot be started again (its record names no real bundle): the gateway
+    # tried, says so and where to look; it does not fail with a 500.
     down = httpx.post(f"{url}/v1/chat/completions", json={"model": "beta", "messages": []}, headers=bearer("key-b"))
-    assert down.status_code == 503 and down.json()["error"]["code"] == "function_unavailable"
+    assert down.status_code == 503 and down.json()["error"]["code"] == "restart_failed", down.text
     assert "pkg status /project/functions/beta" in down.json()["error"]["message"]
 
 

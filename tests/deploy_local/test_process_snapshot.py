@@ -114,6 +114,8 @@ def test_a_restore_that_fails_falls_back_to_a_fresh_start(workspace: Workspace) 
     assert workspace.pkg("destroy", str(folder), "--target", "local").returncode == 0
     # Something else now listens on the snapshot's port: the restored socket cannot bind.
     with socket.socket() as squatter:
+        # SO_REUSEADDR, as the server binds: the stopped server's closed connections may still be in TIME_WAIT.
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         squatter.bind(("127.0.0.1", int(str(first["port"]))))
         squatter.listen()
         second = deploy(workspace, folder)

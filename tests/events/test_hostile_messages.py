@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 
+import msgpack
+
 from runtime.aws_lambda.sqs_batch import process_sqs_batch
 from tests.events.conftest import EngineUnderTest, Queues, queue_handler
 from tests.events.test_lambda_handler import failures, lambda_event, receive_all
-from tests.reliability.hostile_corpus import CASES
+from tests.reliability.hostile_corpus import CASES, MSGPACK_CASES
 
 
 def test_every_hostile_message_gets_a_stored_400(queues: Queues, engine_under_test: EngineUnderTest) -> None:
@@ -41,3 +43,27 @@ def test_every_hostile_message_gets_a_stored_400(queues: Queues, engine_under_te
             assert result is None
         else:
             assert result is not None and result.status == 400 and result.body["error"] == error, case.name
+
+
+def test_msgpack_values_json_has_no_type_for_get_a_stored_400(
+    queues: Queues, engine_under_test: EngineUnderTest
+) -> None:
+    """Issue 47, row 6, as queue messages: the envelope is read, so the 400 reaches `reply_to`."""
+    model = engine_under_test.state.settings.policy.model_name
+    sent = {}
+    for case in MSGPACK_CASES:
+        reply_to = {"s3": f"s3://{queues.bucket}/mp/{case.name}"}
+        envelope = {"request_id": case.name, "kind": case.kind, "reply_to": reply_to, "body": case.body(model)}
+        sent[queues.send(envelope, as_msgpack=True)] = case
+    records = lambda_event(queues, receive_all(queues, len(sent)))["Records"]
+
+    response = process_sqs_batch(records, queue_handler(engine_under_test, queues))
+
+    assert failures(response) == set(sent)
+    for case in sent.values():
+        stored = queues.s3.get_object(Bucket=queues.bucket, Key=f"mp/{case.name}")["Body"].read()
+        result = msgpack.unpackb(stored)  # written in the request's encoding
+        assert result["status"] == 400, case.name
+        error = result["body"]["error"]
+        assert (error["code"], error["param"]) == (case.code, case.param), (case.name, error)
+        assert case.message in error["message"]

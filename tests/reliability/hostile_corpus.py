@@ -1,15 +1,19 @@
-"""Hostile request bodies that once gave a 500 (issue 37, row 6), and their neighbours.
+"""Hostile request bodies that once gave a 500 (issue 37, row 6; issue 47, row 6), and their neighbours.
 
 Each case is a body's fields (merged into a valid chat or completion request) and the 400 it must get: the
 same on HTTP and as a queue message. The strings hold lone UTF-16 surrogates, which `json.dumps` writes as
 `\\udc80` escapes: what a hostile client sends, since no UTF-8 encoder will write the surrogate itself.
+`MSGPACK_CASES` hold what only msgpack can carry (bytes, ext types, NaN, non-string keys), sent as msgpack.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
+
+import msgpack
 
 LONE = "a\udc80b"  # a low surrogate with no high one before it
 DIGITS_5000 = "1" * 5000
@@ -48,6 +52,11 @@ class HostileCase:
         for key, literal in literals.items():
             text = text.replace(f'"{key}"', literal)
         return text.encode()
+
+    def packed(self, model: str, envelope: dict[str, Any] | None = None) -> bytes:
+        """The body as msgpack (bytes as bin, `msgpack.ExtType` as ext); with `envelope`, a queue message's."""
+        document = self.body(model) if envelope is None else {**envelope, "body": self.body(model)}
+        return msgpack.packb(document, use_bin_type=True)
 
 
 class Literal:
@@ -131,3 +140,95 @@ CASES = [
 
 # A valid astral character is a surrogate *pair* in JSON: it must pass untouched.
 VALID_PAIR = HostileCase("emoji-as-surrogate-pair", _user("hi \ud83d\ude00"), None, None)
+
+
+def _tool(parameters: Any, **function: Any) -> dict[str, Any]:
+    return {"tools": [{"type": "function", "function": {"name": "f", "parameters": parameters, **function}}]}
+
+
+def _schema(schema: Any) -> dict[str, Any]:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+
+
+_STRING_WITH_BYTES_DEFAULT = {"type": "object", "properties": {"x": {"type": "string", "default": b"\x00\xff"}}}
+_NAN = math.nan
+# Issue 47, row 6: a msgpack `bytes` inside tools[].function.parameters was a TypeError (500) in the tool prompt.
+MSGPACK_CASES = [
+    HostileCase(
+        "bytes-in-tool-parameters",
+        _tool(_STRING_WITH_BYTES_DEFAULT),
+        "invalid_msgpack",
+        "tools[0].function.parameters.properties.x.default",
+        message="bytes (a msgpack bin of 2 bytes)",
+    ),
+    # Neighbours: the same value type elsewhere, and the other values JSON has no type for.
+    HostileCase("bytes-as-tool-parameters", _tool(b"{}"), "invalid_msgpack", "tools[0].function.parameters"),
+    HostileCase(
+        "bytes-key-in-tool-parameters",
+        _tool({b"type": "object"}),
+        "invalid_msgpack",
+        "tools[0].function.parameters",
+        message="map key bytes",
+    ),
+    HostileCase(
+        "bytes-tool-name",
+        {"tools": [{"type": "function", "function": {"name": b"f"}}]},
+        "invalid_msgpack",
+        "tools[0].function.name",
+    ),
+    HostileCase(
+        "bytes-tool-choice", {**_tool({"type": "object"}), "tool_choice": b"required"}, "invalid_msgpack", "tool_choice"
+    ),
+    HostileCase(
+        "bytes-in-schema",
+        _schema(_STRING_WITH_BYTES_DEFAULT),
+        "invalid_msgpack",
+        "response_format.json_schema.schema.properties.x.default",
+    ),
+    HostileCase(
+        "nan-in-schema",
+        _schema({"type": "number", "maximum": _NAN}),
+        "invalid_msgpack",
+        "response_format.json_schema.schema.maximum",
+        message="NaN",
+    ),
+    HostileCase("bytes-content", _user(b"Hi"), "invalid_msgpack", "messages[0].content"),
+    HostileCase(
+        "bytes-content-part", _user([{"type": "text", "text": b"Hi"}]), "invalid_msgpack", "messages[0].content[0].text"
+    ),
+    HostileCase(
+        "bytes-tool-call-arguments",
+        {
+            "messages": [
+                {"role": "user", "content": "Hi"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": b"{}"}}],
+                },
+                {"role": "tool", "tool_call_id": "c", "content": "1"},
+            ]
+        },
+        "invalid_msgpack",
+        "messages[1].tool_calls[0].function.arguments",
+    ),
+    HostileCase("bytes-stop", {"stop": ["x", b"y"]}, "invalid_msgpack", "stop[1]"),
+    HostileCase("bytes-user", {"user": b"u"}, "invalid_msgpack", "user"),
+    HostileCase("bytes-prompt", {"prompt": b"Hi"}, "invalid_msgpack", "prompt", kind="completion"),
+    HostileCase(
+        "ext-user",
+        {"user": msgpack.ExtType(5, b"x")},
+        "invalid_msgpack",
+        "user",
+        message="a msgpack ext value (type 5)",
+    ),
+    HostileCase("nan-temperature", {"temperature": _NAN}, "invalid_msgpack", "temperature", message="NaN"),
+    HostileCase("nan-logit-bias-amount", {"logit_bias": {"12": _NAN}}, "invalid_msgpack", "logit_bias.12"),
+    HostileCase(
+        "bytes-logit-bias-key", {"logit_bias": {b"12": 1}}, "invalid_msgpack", "logit_bias", message="map key bytes"
+    ),
+    HostileCase(
+        "float-logit-bias-key", {"logit_bias": {1.5: 1}}, "invalid_msgpack", "logit_bias", message="map key a float"
+    ),
+    HostileCase("bytes-unknown-field", {"extra": b"x"}, "invalid_msgpack", "extra"),
+]

@@ -65,15 +65,23 @@ def free_port() -> int:
 
 @contextmanager
 def live_server(
-    bundle: Path, log: Path, flags: Sequence[str] = (), *, key: str | None = None, max_fds: int | None = None
+    bundle: Path,
+    log: Path,
+    flags: Sequence[str] = (),
+    *,
+    key: str | None = None,
+    max_fds: int | None = None,
+    auth: bool = True,
 ) -> Iterator[LiveServer]:
     """Serve `bundle` with `flags` and a bearer key (random unless given) until the block ends.
 
-    `max_fds` sets the server's descriptor limit (soft and hard), so an attack can reach it cheaply.
+    `max_fds` sets the server's descriptor limit (soft and hard), so an attack can reach it cheaply. Without
+    `auth` the server has no key (the documented default of a function without `[endpoint] api_key_env`).
     """
     key = key or "sk-onnxfn-" + secrets.token_hex(16)
     port = free_port()
-    command = [sys.executable, "-m", "runtime", "serve", str(bundle), "--port", str(port), "--api-key-env", KEY_ENV]
+    command = [sys.executable, "-m", "runtime", "serve", str(bundle), "--port", str(port)]
+    command += ["--api-key-env", KEY_ENV] if auth else []
     env = {**os.environ, KEY_ENV: key, "PYTHONUNBUFFERED": "1"}
 
     def in_child() -> None:

@@ -143,7 +143,7 @@ def test_silent_flood_beyond_the_descriptor_limit(guarded: LiveServer) -> None:
 def test_endless_header_line_gets_431(guarded: LiveServer) -> None:
     rss_before = guarded.rss_bytes()
     with socket.create_connection(("127.0.0.1", port(guarded)), timeout=5) as sock:
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Long: ")
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Long: ")
         sent = 0
         try:
             while sent < 300 << 20:  # the attack: a 300 MB header line, never ended
@@ -170,7 +170,7 @@ def test_silent_connection_is_closed_after_the_head_timeout(impatient: LiveServe
 
 def test_trickled_head_gets_408(impatient: LiveServer) -> None:
     with socket.create_connection(("127.0.0.1", port(impatient)), timeout=10) as sock:
-        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         started = time.perf_counter()
         try:
             for _ in range(50):
@@ -185,7 +185,7 @@ def test_trickled_head_gets_408(impatient: LiveServer) -> None:
 
 def test_trickled_body_gets_408(impatient: LiveServer) -> None:
     head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {impatient.key}\r\n"
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {impatient.key}\r\n"
         "Content-Type: application/json\r\nContent-Length: 10000\r\n\r\n"
     )
     with socket.create_connection(("127.0.0.1", port(impatient)), timeout=10) as sock:

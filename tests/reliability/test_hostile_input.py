@@ -16,7 +16,7 @@ import pytest
 from runtime.api.encoding import MAX_DEPTH, decode_body
 from runtime.api.errors import APIError
 from tests.reliability.conftest import MAX_BATCH, MAX_BODY_BYTES, MAX_CONTEXT, MAX_TOKENS_LIMIT, assert_serves
-from tests.reliability.hostile_corpus import CASES, VALID_PAIR, HostileCase
+from tests.reliability.hostile_corpus import CASES, MSGPACK_CASES, VALID_PAIR, HostileCase
 from tests.reliability.live import LiveServer
 
 pytestmark = pytest.mark.real_model
@@ -57,7 +57,7 @@ def raw_exchange(live: LiveServer, head: str, body: bytes) -> bytes:
     port = int(live.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=FAST) as sock:
         auth = f"Authorization: Bearer {live.key}\r\nContent-Type: application/json\r\n"
-        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}{head}\r\n".encode() + body)
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}{head}\r\n".encode() + body)
         sock.shutdown(socket.SHUT_WR)
         received = b""
         try:
@@ -186,6 +186,24 @@ def test_hostile_corpus_gets_its_400(http: httpx.Client, live: LiveServer, case:
     path = "/v1/chat/completions" if case.kind == "chat" else "/v1/completions"
     response = http.post(path, content=case.raw(live.model), headers={"Content-Type": "application/json"})
     refused(response, 400, case.code, case.message, param=case.param)
+
+
+@pytest.mark.parametrize("case", MSGPACK_CASES, ids=lambda case: case.name)
+def test_msgpack_values_json_has_no_type_for_get_a_400_naming_the_field(
+    http: httpx.Client, live: LiveServer, case: HostileCase
+) -> None:
+    # Before issue 47: bytes in tools[].function.parameters were a TypeError (500) in the tool prompt's json.dumps.
+    path = "/v1/chat/completions" if case.kind == "chat" else "/v1/completions"
+    response = http.post(path, content=case.packed(live.model), headers=MSGPACK)
+    refused(response, 400, case.code, case.message, param=case.param)
+
+
+def test_msgpack_int_keys_and_infinities_stay_as_before(http: httpx.Client, live: LiveServer) -> None:
+    """Integer map keys are a msgpack client's natural `logit_bias`; an infinity gets its field's own 400."""
+    body = chat(live, logit_bias={12: -100}, max_tokens=2)
+    assert http.post("/v1/chat/completions", content=msgpack.packb(body), headers=MSGPACK).status_code == 200
+    infinite = msgpack.packb(chat(live, temperature=float("inf")))
+    refused(http.post("/v1/chat/completions", content=infinite, headers=MSGPACK), 400, None, "", param="temperature")
 
 
 def test_a_valid_surrogate_pair_is_text(http: httpx.Client, live: LiveServer) -> None:

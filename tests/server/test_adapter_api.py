@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -23,11 +21,12 @@ import pytest
 from runtime.adapters.files import AdapterFile, write_adapter_file
 from runtime.adapters.layout import AdapterLayout
 from runtime.api.service import ModelService
-from runtime.bundle import file_digest, manifest_bytes, read_manifest
+from runtime.bundle import read_manifest
 from runtime.engine.engine import EngineConfig
 from runtime.events.handler import generate
 from runtime.events.schema import Envelope
 from runtime.http.state import ServerSettings
+from tests.fixtures.adapter_bundle import TINY_FP32_SPEC, random_adapter, with_adapter_inputs
 from tests.server.conftest import API_KEY, RunningServer, engine_loader, policy_for, serve_in_thread
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -43,53 +42,21 @@ def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_hf_dir: Path) -> 
     from tests.packager.conftest import build_in, write_function
 
     root = tmp_path_factory.mktemp("tiny-lora")
-    function = write_function(
-        root, "tiny-lora", f"hf:{tiny_hf_dir}", '[export]\nprecision = "fp32"\nmax_context = 256\n'
-    )
+    function = write_function(root, "tiny-lora", f"hf:{tiny_hf_dir}", TINY_FP32_SPEC)
     return build_in(root, function, tiny_model_cache(tmp_path_factory))
 
 
 @pytest.fixture(scope="module")
 def adapter_bundle(tiny_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, AdapterLayout]:
     """`tiny_bundle` with adapter inputs on q_proj and v_proj at rank 4, and one bundled adapter, `shipped`."""
-    from packager.export.lora import add_adapter_inputs, plan_layout
+    from packager.export.lora import plan_layout
 
     target = tmp_path_factory.mktemp("tiny-lora-adapters")
     manifest = read_manifest(tiny_bundle)
     model = onnx.load(str(tiny_bundle / manifest.model_file), load_external_data=False)
-    layout = plan_layout(model, manifest.model, MODULES, rank=RANK)
-    add_adapter_inputs(model, layout)
-    data = json.loads((tiny_bundle / "manifest.json").read_text())
-    # The prefill graphs would need the same inputs; without them prompts run through the model's graph.
-    files = {name: entry for name, entry in data["files"].items() if not name.startswith("prefill")}
-    for name in files:
-        if name != manifest.model_file:
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            os.link(tiny_bundle / name, target / name)
-    onnx.save(model, str(target / manifest.model_file))  # its weights stay in the linked model.onnx.data
-    (target / "adapters").mkdir()
-    write_adapter_file(target / "adapters" / f"{BUNDLED}.safetensors", random_adapter(layout, seed=7))
-    for name in (manifest.model_file, f"adapters/{BUNDLED}.safetensors"):
-        entry = file_digest(target / name)
-        files[name] = {"sha256": entry.sha256, "size": entry.size}
-    data["files"] = files
-    data["adapters"] = {"layout": layout.to_json(), "bundled": {BUNDLED: f"adapters/{BUNDLED}.safetensors"}}
-    (target / "manifest.json").write_bytes(manifest_bytes(data))
+    shipped = random_adapter(plan_layout(model, manifest.model, MODULES, rank=RANK), seed=7)
+    layout = with_adapter_inputs(tiny_bundle, target, MODULES, RANK, {BUNDLED: shipped})
     return target, layout
-
-
-def random_adapter(layout: AdapterLayout, *, seed: int, zero_b: bool = False) -> AdapterFile:
-    """Weights wide enough that the adapter changes greedy tokens; with `zero_b` it changes nothing at all."""
-    rng = np.random.default_rng(seed)
-    tensors: dict[str, Any] = {}
-    for layer in range(layout.num_layers):
-        for projection in layout.projections:
-            for module in projection.modules:
-                key = f"layers.{layer}.{module.module}"
-                tensors[f"{key}.a"] = rng.normal(0, 1, (projection.in_features, RANK)).astype(np.float32)
-                b = rng.normal(0, 1, (RANK, module.stop - module.start)).astype(np.float32)
-                tensors[f"{key}.b"] = np.zeros_like(b) if zero_b else b
-    return AdapterFile(RANK, 2.0, {"architecture": "llama"}, tensors)
 
 
 def adapter_bytes(layout: AdapterLayout, directory: Path, **kwargs: Any) -> bytes:

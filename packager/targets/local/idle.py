@@ -21,7 +21,7 @@ from pathlib import Path
 
 from packager.errors import UserError
 from packager.targets.base import READY_TIMEOUT, STOP_TIMEOUT
-from packager.targets.local import lock, process_snapshot, server_process, starting, store
+from packager.targets.local import lock, memory_limit, process_snapshot, server_process, starting, store
 from packager.targets.local.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
 from packager.targets.local.records import LocalDeployment
 from packager.targets.local.starting import Launch
@@ -96,19 +96,22 @@ def resume(directory: Path, *, timeout: float = READY_TIMEOUT) -> LocalDeploymen
                 f"as idle: `pkg status {deployment.function_dir}` says why; redeploy it: "
                 f"pkg deploy {deployment.function_dir}"
             )
-        return _start_again(directory, deployment, timeout)
+        return start_again(directory, deployment, timeout, snapshot=deployment.wake == SNAPSHOT)
 
 
-def _start_again(directory: Path, deployment: LocalDeployment, timeout: float) -> LocalDeployment:
+def start_again(directory: Path, deployment: LocalDeployment, timeout: float, *, snapshot: bool) -> LocalDeployment:
+    """Start a stopped server of `deployment` again (an idle one, or one that crashed) and wait until it is
+    ready; with `snapshot`, its process snapshot is resumed where it is valid. Its record, ready."""
     env = {**os.environ, "ORT_DISABLE_TELEMETRY": "1", **store.server_env(directory)}
     criu, note = None, ""
-    if deployment.wake == SNAPSHOT:
+    if snapshot:
         try:
             criu = Criu.find()
         except SnapshotUnavailable as exc:
             note = f"started fresh: no process snapshot ({exc})"
     elif deployment.process_snapshot:
         note = f"started fresh: {deployment.wake_note or 'no process snapshot'}"
+    cgroup, _ = memory_limit.prepare(directory.name, deployment.memory_mb) if deployment.memory_mb else (None, "")
     launch = Launch(
         directory=directory,
         command=lambda port: _with_port(deployment.command, port),
@@ -117,6 +120,7 @@ def _start_again(directory: Path, deployment: LocalDeployment, timeout: float) -
         criu=criu,
         snapshot_key=lambda command: _snapshot_key(directory, deployment, command, criu, env),
         timeout=timeout,
+        cgroup=cgroup,
     )
 
     def fresh_port() -> int:
@@ -124,7 +128,7 @@ def _start_again(directory: Path, deployment: LocalDeployment, timeout: float) -
         return deployment.port if free else server_process.free_port(deployment.host)
 
     def record(port: int, pid: int, start: str, note: str, exit_file: str) -> LocalDeployment:
-        woken = replace(
+        started = replace(
             deployment,
             url=starting.server_url(deployment.host, port),
             port=port,
@@ -137,11 +141,21 @@ def _start_again(directory: Path, deployment: LocalDeployment, timeout: float) -
             idle_since=None,
             wake="",
             wake_note="",
+            ready=False,
+            previous_url="",
+            previous_pid=0,
+            cgroup=str(cgroup.path) if cgroup is not None else "",
         )
-        store.save(directory, woken)
-        return woken
+        store.save(directory, started)
+        return started
 
-    return starting.start(launch, lambda: deployment.port, fresh_port, record, note)
+    def restore_port() -> int:
+        return process_snapshot.recorded_port(directory) or deployment.port
+
+    started = starting.start(launch, restore_port, fresh_port, record, note)
+    ready = replace(started, ready=True)
+    store.save(directory, ready)
+    return ready
 
 
 def _snapshot_key(

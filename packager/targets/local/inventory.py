@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from packager.errors import UserError
-from packager.targets.local import server_process, store
+from packager.targets.local import crashes, memory_limit, server_process, store
 from packager.targets.local.records import LocalDeployment, ServerState
 
 REASON_LOG_LINES = 5
@@ -55,6 +55,9 @@ def observe(deployment: LocalDeployment, *, log_lines: int = REASON_LOG_LINES) -
             ServerState.FAILED: "its /ready says its start failed",
         }.get(state, f"nothing answers {deployment.url}/ready as the server would")
         return Observed(state, reason, _log_tail(deployment, log_lines), rss, uptime)
+    if deployment.crashloop_since is not None:
+        reason = crashes.describe(deployment, time.time())
+        return Observed(ServerState.CRASHLOOP, reason, _log_tail(deployment, log_lines))
     if deployment.idle_since is not None:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(deployment.idle_since))
         how = "resumes its process snapshot" if deployment.wake == "snapshot" else (
@@ -62,10 +65,17 @@ def observe(deployment: LocalDeployment, *, log_lines: int = REASON_LOG_LINES) -
         )  # fmt: skip
         reason = f"stopped as idle at {since}; the next request through the gateway {how}"
         return Observed(ServerState.IDLE, reason, (), 0)
-    return Observed(ServerState.EXITED, _how_it_ended(deployment), _log_tail(deployment, log_lines))
+    return Observed(ServerState.EXITED, how_it_ended(deployment), _log_tail(deployment, log_lines))
 
 
-def _how_it_ended(deployment: LocalDeployment) -> str:
+def how_it_ended(deployment: LocalDeployment) -> str:
+    """How its server ended, as far as anything recorded it: the kernel's OOM killer in its memory cgroup, the
+    exit status the launcher wrote, or nothing known."""
+    if memory_limit.oom_kills(memory_limit.existing(deployment.cgroup)):
+        return (
+            f"the server (pid {deployment.pid}) went over its memory limit ([targets.local] memory_mb = "
+            f"{deployment.memory_mb}) and the kernel's OOM killer ended it"
+        )
     code = None
     if deployment.exit_file:
         code = server_process.recorded_exit(Path(deployment.exit_file), deployment.started_at)
@@ -120,6 +130,8 @@ class LocalProcess:
     rss_bytes: int | None
     uptime_seconds: float | None
     requests: int | None  # HTTP requests served since it started (or since its snapshot was taken)
+    crashes: int  # times its server ended on its own in the last crash window (the gateway started it again)
+    last_crash: str  # how the last of those ended ("" when none did)
     started_at: float
     state_dir: str
     log_file: str
@@ -158,6 +170,8 @@ def _process(directory: Path, deployment: LocalDeployment, gateway_url: str | No
         rss_bytes=observed.rss_bytes,
         uptime_seconds=observed.uptime_seconds,
         requests=requests_served(deployment) if observed.state is ServerState.READY else None,
+        crashes=len(crashes.recent(deployment, time.time())),
+        last_crash=deployment.crash_reason,
         started_at=deployment.started_at,
         state_dir=str(directory),
         log_file=deployment.log_file,

@@ -74,6 +74,23 @@ def held(
         os.close(descriptor)  # releases the lock
 
 
+def busy(directory: Path, name: str = LOCK_FILE) -> bool:
+    """Whether a process holds the lock now (a probe: a shared lock taken and dropped at once)."""
+    try:
+        descriptor = os.open(directory / name, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return True
+        raise
+    finally:
+        os.close(descriptor)
+    return False
+
+
 def _try_lock(descriptor: int) -> bool:
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)

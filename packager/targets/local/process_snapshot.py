@@ -233,8 +233,11 @@ def problem(state_dir: Path, key: SnapshotKey) -> str | None:
     return key.mismatch(taken_with)
 
 
-def restore(state_dir: Path, key: SnapshotKey, criu: Criu, log_file: Path) -> int:
-    """Resume the snapshot in `state_dir` as a detached server; its pid. Raises SnapshotUnavailable."""
+def restore(state_dir: Path, key: SnapshotKey, criu: Criu, log_file: Path, prefix: Sequence[str] = ()) -> int:
+    """Resume the snapshot in `state_dir` as a detached server; its pid. Raises SnapshotUnavailable.
+
+    `prefix` runs CRIU (memory_limit.join_prefix: in the server's memory cgroup, where the restored process
+    stays: the cgroups it was dumped in are not restored, they may be gone)."""
     images = state_dir / SNAPSHOT_DIR
     unusable = problem(state_dir, key)
     if unusable is not None:
@@ -246,7 +249,8 @@ def restore(state_dir: Path, key: SnapshotKey, criu: Criu, log_file: Path) -> in
     log_fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         result = subprocess.run(
-            [criu.binary, "restore", "--images-dir", str(images), "--restore-detached", "--tcp-close",
+            [*prefix, criu.binary, "restore", "--images-dir", str(images), "--restore-detached", "--tcp-close",
+             "--manage-cgroups=ignore",
              "--inherit-fd", f"fd[{log_fd}]:{str(log_file.resolve()).lstrip('/')}",
              "--pidfile", str(pidfile), "--log-file", "restore.log"],
             capture_output=True, text=True, check=False, pass_fds=(log_fd,), timeout=RESTORE_TIMEOUT,

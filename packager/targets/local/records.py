@@ -25,6 +25,8 @@ class ServerState(StrEnum):
     EXITED = "exited"  # its process is gone, and nobody meant it to be: the reason says how it ended
     FAILED = "failed"  # its process runs but /ready says its start failed (the log says why)
     UNRESPONSIVE = "unresponsive"  # its process runs but /ready does not answer (or something else answers)
+    # Its server ended on its own too often in a minute (supervise.py): the gateway stopped restarting it.
+    CRASHLOOP = "crashloop"
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class LocalPlan:
     prepacked: Path | None = None  # where the graphs with prepacked weights live (`prepack`), if they are used
     idle_timeout: float = 0.0  # seconds without a request before the gateway stops it; 0 = never
     max_waking_requests: int = 1
+    memory_mb: int = 0  # the server's memory limit (a cgroup); 0 = none
 
     replaces: str | None = None  # the deployment this one replaces: "pid P (state, bundle D)"
     # Where an earlier version left this function's record (`build/NAME/local`): the deploy stops its server.
@@ -131,6 +134,17 @@ class LocalDeployment:
     max_waking_requests: int = 1  # requests that may wait while it wakes; more get 429
     wake: str = ""  # while idle: "snapshot" (the next request resumes the process snapshot) or "fresh"
     wake_note: str = ""  # why a wake will be a fresh start
+    # Added with supervision and rolling redeploys (packager/targets/local/supervise.py).
+    # False while this server starts: the gateway routes to `previous_url` (the server it replaces, while that
+    # runs) until the deploy has it ready, then switches; records an earlier version wrote are ready.
+    ready: bool = True
+    previous_url: str = ""
+    previous_pid: int = 0
+    crashes: tuple[float, ...] = ()  # when its server ended on its own, within the last crash window
+    crash_reason: str = ""  # how the last one ended
+    crashloop_since: float | None = None  # too many crashes in the window: the gateway stopped restarting it
+    memory_mb: int = 0  # [targets.local] memory_mb; 0 = no limit
+    cgroup: str = ""  # the memory cgroup its server runs in ("" = none: no limit, or none could be made)
 
     @property
     def api_key(self) -> ApiKey:
@@ -148,6 +162,7 @@ class LocalDeployed:
     deployment: LocalDeployment
     gateway_url: str  # "" when no gateway runs (`gateway_note` says why)
     gateway_note: str = ""
+    memory_note: str = ""  # how [targets.local] memory_mb is enforced, or why it is not
 
     def summary(self) -> list[tuple[str, str]]:
         d = self.deployment
@@ -173,6 +188,7 @@ class LocalDeployed:
             ("idle", idle),
             ("log", d.log_file),
         ]
+        rows += [("memory", self.memory_note)] if self.memory_note else []
         rows += [("start", d.start_note)] if d.start_note else []
         return rows + ([("replaced", d.replaced)] if d.replaced else [])
 

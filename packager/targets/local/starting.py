@@ -11,18 +11,23 @@ from __future__ import annotations
 
 import hashlib
 import socket
+import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packager.runtime_flags import adapter_dir_of
 from packager.targets.base import STOP_TIMEOUT
-from packager.targets.local import process_snapshot, server_process
+from packager.targets.local import memory_limit, process_snapshot, server_process
+from packager.targets.local.memory_limit import Cgroup
 from packager.targets.local.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
 from packager.targets.local.records import ApiKey, LocalDeployment
 from runtime.engine.prepacked import PrepackedGraphs
 
 EXIT_FILE = "server.exit"
+# The launchers this process started (a shell that waits for its server): polled by `reap`, so a long-lived
+# starter (the gateway, which starts servers again after idle stops and crashes) keeps no zombie of them.
+_launchers: list[subprocess.Popen[bytes]] = []
 
 # (port, pid, start: "fresh" | "restored", note, exit file or "") -> the deployment's record, saved.
 Record = Callable[[int, int, str, str, str], LocalDeployment]
@@ -41,6 +46,8 @@ class Launch:
     criu: Criu | None  # None: no process snapshot is resumed, and a fresh server needs no pid namespace
     snapshot_key: Callable[[tuple[str, ...]], SnapshotKey]  # what a resumable snapshot of `command` must match
     timeout: float  # for /ready
+    cgroup: Cgroup | None = None  # the memory cgroup the server runs in (memory_limit.py), None: no limit
+    resume: bool = True  # False: start fresh even where the snapshot is valid (its port is taken)
 
 
 def start(
@@ -48,7 +55,7 @@ def start(
 ) -> LocalDeployment:
     """Resume the snapshot on `restore_port()` (its server listens where it was dumped), else start fresh on
     `fresh_port()`; the ready deployment. `note` says why a snapshot was not even tried, if it was wanted."""
-    if launch.criu is not None and process_snapshot.exists(launch.directory):
+    if launch.criu is not None and launch.resume and process_snapshot.exists(launch.directory):
         port = restore_port()
         key = launch.snapshot_key(launch.command(port))
         unusable = process_snapshot.problem(launch.directory, key)
@@ -56,7 +63,8 @@ def start(
             note = f"started fresh: the process snapshot was not used ({unusable})"
         else:
             try:
-                pid = process_snapshot.restore(launch.directory, key, launch.criu, launch.log_file)
+                prefix = memory_limit.join_prefix(launch.cgroup)
+                pid = process_snapshot.restore(launch.directory, key, launch.criu, launch.log_file, prefix)
             except SnapshotUnavailable as exc:
                 note = f"started fresh: the process snapshot was not used ({exc})"
             else:
@@ -77,7 +85,10 @@ def start(
     # With snapshots, the server runs in a pid namespace of its own (process_snapshot.ISOLATION says why).
     prefix = process_snapshot.PID_NAMESPACE if launch.criu is not None else ()
     with launch.log_file.open("wb") as log:
-        process, pid = server_process.launch(launch.command(port), log, launch.env, exit_file, prefix)
+        process, pid = server_process.launch(
+            launch.command(port), log, launch.env, exit_file, (*memory_limit.join_prefix(launch.cgroup), *prefix)
+        )
+    _launchers.append(process)
     deployment = record(port, pid, "fresh", note, str(exit_file))
 
     def exited() -> str | None:
@@ -89,6 +100,11 @@ def start(
         _stop(pid)
         raise StartFailed(f"the server {problem}\n{server_process.log_tail(launch.log_file)}")
     return deployment
+
+
+def reap() -> None:
+    """Collect the exit status of launchers whose server ended (each `poll` that finds one done reaps it)."""
+    _launchers[:] = [process for process in _launchers if process.poll() is None]
 
 
 def _stop(pid: int) -> None:

@@ -83,6 +83,7 @@ def load(directory: Path) -> LocalDeployment | None:
     try:
         data = json.loads((directory / STATE_FILE).read_text())
         data["command"] = tuple(data["command"])
+        data["crashes"] = tuple(data.get("crashes", ()))
         return LocalDeployment(**data)
     except FileNotFoundError:
         return None

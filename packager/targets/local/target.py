@@ -21,7 +21,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -35,7 +35,7 @@ from packager.progress import StepProgress
 from packager.runtime_flags import adapter_flags, server_flags
 from packager.spec import FunctionSpec
 from packager.targets.base import READY_TIMEOUT, STOP_TIMEOUT, HttpEndpoint, LogLine, Removal, Target, TargetStatus
-from packager.targets.local import inventory, lock, process_snapshot, server_process, starting, store
+from packager.targets.local import inventory, lock, memory_limit, process_snapshot, server_process, starting, store
 from packager.targets.local.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
 from packager.targets.local.records import ApiKey, LocalDeployed, LocalDeployment, LocalPlan, ServerState
 from packager.targets.local.starting import Launch, StartFailed
@@ -45,6 +45,8 @@ from runtime.engine.graphs import bundle_graphs
 from runtime.engine.prepacked import PrepackedGraphs
 
 LOG_FILE = "server.log"
+PREVIOUS_LOG_FILE = "server.previous.log"  # the log of the server a rolling redeploy replaced
+DRAIN_TIMEOUT = 30.0  # seconds a replaced server has to finish what it answers (SIGKILL after that)
 KEY_FILE = "api-key"
 ADAPTER_DIR = "adapters"  # adapters added with `pkg adapter add`, in the state folder: they outlive the server
 PREPACKED_DIR = "prepacked"
@@ -91,6 +93,7 @@ def plan(spec: FunctionSpec) -> LocalPlan:
         prepacked=prepacked,
         idle_timeout=float(spec.targets.local.idle_timeout),
         max_waking_requests=spec.targets.local.max_waking_requests,
+        memory_mb=spec.targets.local.memory_mb,
         legacy_dirs=tuple(found for found, _ in store.found(spec) if found.resolve() != directory),
     )
 
@@ -129,18 +132,30 @@ def prepack(plan: LocalPlan) -> str | None:
     return f"packed the weights for this CPU into {plan.prepacked} in {time.perf_counter() - started:.1f} s"
 
 
-def _start(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDeployment:
-    """Start the server (stopping a previous deployment first) and wait until it is ready; under the lock.
+@dataclass(frozen=True)
+class Started:
+    deployment: LocalDeployment
+    memory_note: str  # how memory_mb is enforced, or why not ("" without a limit)
 
-    With `process_snapshot` on, resume the snapshot of an earlier deploy when it is valid; otherwise start
-    the server and snapshot it once it is ready.
+
+def _start(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> Started:
+    """Start the server and wait until it is ready, then switch to it and drain the one it replaces; under
+    the lock.
+
+    A rolling redeploy: the running server keeps serving (the record's `previous_url`, where the gateway routes
+    while the new one is not `ready`) until the new one is ready and, with `process_snapshot` on, dumped; then
+    the record switches and the old server gets SIGTERM, which lets its requests in flight finish. With
+    `process_snapshot` on, a valid snapshot of an earlier deploy is resumed instead of a fresh start (unless the
+    running server holds the port it listens on: then a fresh one starts beside it and is dumped in its place).
+    A server that does not start leaves the previous deployment as it was.
     """
     plan.state_dir.mkdir(parents=True, exist_ok=True)
     generated_key = plan.state_dir / KEY_FILE
     for legacy in plan.legacy_dirs:  # an earlier version's deployment: its server goes, its key stays valid
         previous = _stop(legacy, forget_key=False)
         _adopt_key(previous, generated_key if plan.api_key.source == "file" else None)
-    _stop(plan.state_dir, forget_key=False)
+    previous = store.load(plan.state_dir)
+    serving = _replaced_server(plan, previous)
     if plan.api_key.source != "file":
         generated_key.unlink(missing_ok=True)  # left by an earlier deploy that had no key in the environment
     elif not generated_key.is_file():
@@ -150,6 +165,20 @@ def _start(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDep
     store.save_server_env(plan.state_dir, {key_env: os.environ[key_env].strip()} if key_env else {})
     log_file = plan.state_dir / LOG_FILE
     criu, note = _criu(plan)
+    snapshot_port = process_snapshot.recorded_port(plan.state_dir)
+    resume = True
+    if criu is not None and serving is not None and snapshot_port == serving.port:
+        key = _snapshot_key(plan, plan.command(snapshot_port), criu)
+        if process_snapshot.problem(plan.state_dir, key) is None:  # valid, but its port is the running server's
+            resume = False
+            note = (
+                f"started fresh beside the running server: the process snapshot listens on port {snapshot_port}, "
+                "which that server holds until this one is ready; this one is dumped in its place"
+            )
+    cgroup, memory_note = _memory_cgroup(plan)
+    if serving is not None and log_file.is_file():
+        # The server being replaced keeps writing to the file it has open, under this name from now on.
+        log_file.replace(log_file.with_name(PREVIOUS_LOG_FILE))
     precompile_runtime()
     launch = Launch(
         directory=plan.state_dir,
@@ -160,24 +189,76 @@ def _start(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> LocalDep
         criu=criu,
         snapshot_key=lambda command: _snapshot_key(plan, command, criu),
         timeout=ready_timeout,
+        cgroup=cgroup,
+        resume=resume,
     )
 
     def restore_port() -> int:
-        return plan.port or process_snapshot.recorded_port(plan.state_dir) or server_process.free_port(plan.host)
+        return plan.port or snapshot_port or server_process.free_port(plan.host)
 
     def record(port: int, pid: int, start: str, note: str, exit_file: str) -> LocalDeployment:
-        return _deployment(plan, port, pid, log_file, start=start, note=note, exit_file=exit_file)
+        return _deployment(
+            plan, port, pid, launch.log_file, start=start, note=note, exit_file=exit_file, replaces=serving,
+            cgroup=str(cgroup.path) if cgroup is not None else "",
+        )  # fmt: skip
 
     try:
         deployment = starting.start(
             launch, restore_port, lambda: plan.port or server_process.free_port(plan.host), record, note
         )
     except StartFailed as exc:
-        _stop(plan.state_dir)
-        raise UserError(f"{plan.function} did not start: {exc}") from None
+        _restore(plan.state_dir, previous)
+        kept = "; the running version keeps serving" if serving is not None else ""
+        raise UserError(f"{plan.function} did not start: {exc}{kept}") from None
     if criu is not None and deployment.start == "fresh":
         deployment = _capture(plan, deployment, criu)
-    return deployment
+    deployment = replace(deployment, ready=True)
+    store.save(plan.state_dir, deployment)  # the switch: the gateway routes new requests to it from now on
+    if serving is not None:
+        server_process.terminate(serving.pid, DRAIN_TIMEOUT)  # SIGTERM: what it answers now, it finishes
+        deployment = replace(deployment, previous_url="", previous_pid=0)
+        store.save(plan.state_dir, deployment)
+    return Started(deployment, memory_note)
+
+
+@dataclass(frozen=True)
+class Serving:
+    url: str
+    port: int
+    pid: int
+
+
+def _replaced_server(plan: LocalPlan, previous: LocalDeployment | None) -> Serving | None:
+    """The server of the deployment being replaced that keeps serving until the new one is ready; None when
+    none runs. Leftovers of an interrupted deploy are stopped, and so is a server on a fixed port (the new
+    one needs it: requests wait at the gateway meanwhile)."""
+    if previous is None:
+        return None
+    if previous.previous_pid and server_process.serves_bundle(previous.previous_pid, previous.bundle):
+        server_process.terminate(previous.previous_pid, STOP_TIMEOUT)  # a deploy that ended before its switch
+    if previous.idle_since is not None or not server_process.serves_bundle(previous.pid, previous.bundle):
+        return None
+    if not previous.ready or (plan.port and plan.port == previous.port and plan.host == previous.host):
+        server_process.terminate(previous.pid, DRAIN_TIMEOUT)
+        return None
+    return Serving(previous.url, previous.port, previous.pid)
+
+
+def _memory_cgroup(plan: LocalPlan) -> tuple[memory_limit.Cgroup | None, str]:
+    if plan.memory_mb <= 0:
+        return None, ""
+    cgroup, why = memory_limit.prepare(plan.state_dir.name, plan.memory_mb)
+    if cgroup is None:
+        return None, f"memory_mb = {plan.memory_mb} is NOT enforced: {why}"
+    return cgroup, f"at most {plan.memory_mb} MiB ({cgroup.describe()}): over it, this server alone is ended"
+
+
+def _restore(directory: Path, previous: LocalDeployment | None) -> None:
+    """Put the record of the deployment a failed deploy would have replaced back, or none."""
+    if previous is None:
+        store.forget(directory)
+    else:
+        store.save(directory, previous)
 
 
 def _adopt_key(previous: LocalDeployment | None, generated_key: Path | None) -> None:
@@ -205,8 +286,18 @@ def _criu(plan: LocalPlan) -> tuple[Criu | None, str]:
 
 
 def _deployment(
-    plan: LocalPlan, port: int, pid: int, log_file: Path, *, start: str, note: str, exit_file: str
+    plan: LocalPlan,
+    port: int,
+    pid: int,
+    log_file: Path,
+    *,
+    start: str,
+    note: str,
+    exit_file: str,
+    replaces: Serving | None = None,
+    cgroup: str = "",
 ) -> LocalDeployment:
+    """The record of a server that is starting (`ready` once the deploy switches to it), saved."""
     deployment = LocalDeployment(
         function=plan.function,
         url=starting.server_url(plan.host, port),
@@ -228,6 +319,11 @@ def _deployment(
         prepacked=str(plan.prepacked or ""),
         idle_timeout=plan.idle_timeout,
         max_waking_requests=plan.max_waking_requests,
+        ready=False,
+        previous_url=replaces.url if replaces is not None else "",
+        previous_pid=replaces.pid if replaces is not None else 0,
+        memory_mb=plan.memory_mb,
+        cgroup=cgroup,
     )
     store.save(plan.state_dir, deployment)
     return deployment
@@ -287,9 +383,11 @@ def _stop(directory: Path, *, timeout: float = STOP_TIMEOUT, forget_key: bool = 
     deployment = store.load(directory)
     if deployment is None:
         return None
-    if server_process.serves_bundle(deployment.pid, deployment.bundle):
-        server_process.terminate(deployment.pid, timeout)
+    for pid in (deployment.pid, deployment.previous_pid):  # the previous: a rolling redeploy was under way
+        if pid and server_process.serves_bundle(pid, deployment.bundle):
+            server_process.terminate(pid, timeout)
     store.forget(directory)
+    memory_limit.remove(deployment.cgroup)
     if forget_key and deployment.api_key_source == "file":
         Path(deployment.api_key_location).unlink(missing_ok=True)
     return deployment
@@ -326,14 +424,15 @@ class Local(Target):
             if packed is not None:
                 progress.console.print(f"  {packed}", highlight=False)
             with progress.step("start", f"start {plan.function} (bundle {plan.bundle_digest[:19]}…)"):
-                deployment = _start(plan, ready_timeout=self.ready_timeout)
+                started = _start(plan, ready_timeout=self.ready_timeout)
         # What it replaced once it held the lock: another pkg may have deployed while this one waited.
         replaced = f"pid {previous.pid} (bundle {previous.bundle_digest[:19]}…)" if previous is not None else ""
         try:  # the one endpoint for every function; without it the server still answers on its own port
             gateway_url, gateway_note = gateway.ensure().url, ""
         except UserError as exc:
             gateway_url, gateway_note = "", str(exc).splitlines()[0]
-        return LocalDeployed(replace(deployment, replaced=replaced), gateway_url, gateway_note)
+        deployment = replace(started.deployment, replaced=replaced)
+        return LocalDeployed(deployment, gateway_url, gateway_note, started.memory_note)
 
     def status(self, spec: FunctionSpec) -> TargetStatus | None:
         return status(spec)
@@ -349,18 +448,20 @@ class Local(Target):
         return Removal(f"stopped {spec.name} on {TARGET} ({where}); log kept at {stopped.log_file}")
 
     def http_endpoint(self, spec: FunctionSpec) -> HttpEndpoint:
-        """The gateway's URL (started if the function is idle: only the gateway wakes it), else the server's."""
+        """The gateway's URL (started if the function is idle or its server ended: only the gateway wakes it or
+        starts it again), else the server's."""
         deployment = store.current(spec)
         if deployment is None:
             raise UserError(f"{spec.name} is not deployed; deploy it first: pkg deploy {spec.directory} --target local")
-        state = inventory.observe(deployment).state
-        if state not in (ServerState.READY, ServerState.IDLE):
+        observed = inventory.observe(deployment)
+        state = observed.state
+        if state not in (ServerState.READY, ServerState.IDLE, ServerState.EXITED):
             tail = server_process.log_tail(Path(deployment.log_file))
             raise UserError(
-                f"the local deployment of {spec.name} is not serving (state: {state}, pid {deployment.pid}); "
-                f"redeploy with `pkg deploy {spec.directory} --target local`\n{tail}"
+                f"the local deployment of {spec.name} is not serving (state: {state}, pid {deployment.pid}: "
+                f"{observed.reason}); redeploy with `pkg deploy {spec.directory} --target local`\n{tail}"
             )
-        running = gateway.running() or (gateway.ensure() if state is ServerState.IDLE else None)
+        running = gateway.running() or (gateway.ensure() if state is not ServerState.READY else None)
         key = deployment.api_key.read()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         return HttpEndpoint(running.url if running is not None else deployment.url, headers)
