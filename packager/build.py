@@ -45,15 +45,23 @@ from packager.export.lora import LORA_GRAPH_VERSION
 from packager.export.prefill import PREFILL_GRAPH_VERSION
 from packager.paths import bundle_dir
 from packager.progress import StepProgress
-from packager.quantize import GGUF, budget_of, candidate_options, yardstick_options
+from packager.quantize import GGUF, budget_of, candidate_options, export_options, yardstick_options
 from packager.snapshot import SNAPSHOT_VERSION
 from packager.sources import SourceModel, resolve_source
 from packager.spec import ENCODER_TASKS, FunctionSpec
-from packager.verify import CandidateQuality, QualityBudget, ReferenceParity, System, Verifier, write_quality_json
+from packager.verify import (
+    CandidateQuality,
+    ExportSystem,
+    QualityBudget,
+    ReferenceParity,
+    System,
+    Verifier,
+    write_quality_json,
+)
 from runtime.adapters.layout import AdapterLayout
 from runtime.bundle import FORMAT_VERSION, Manifest, file_digest, open_bundle
 
-VERIFY_VERSION = 4  # bump when the quality method changes, to invalidate cached figures
+VERIFY_VERSION = 5  # bump when the quality method changes, to invalidate cached figures
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,7 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
         structure = export_structure(source)
         if structure.reused:
             step.cached()
-    verifier = Verifier(structure, source, max_context)
+    verifier = Verifier(structure, source, max_context, graph=_reference(source, structure, spec, progress))
     parity = _parity(structure, verifier, progress)
     budget = budget_of(spec.export)
 
@@ -227,14 +235,30 @@ def _intact(export: ExportResult) -> bool:
     return recorded is None or file_digest(export.directory / "model.onnx.data").sha256 == recorded["sha256"]
 
 
+def _reference(
+    source: SourceModel, structure: StructureResult, spec: FunctionSpec, progress: StepProgress
+) -> System | None:
+    """The fp32 reference: for a GGUF, its `gguf` export computing in float32 (MatMulNBits at accuracy level 0 on the
+    file's own blocks: the dequantized model, with no float copy of a weight and no dequantizing in Python); for a
+    model folder (None) the structure's fp32 graph, each weight read from the folder."""
+    if source.gguf_file is None:
+        return None
+    export = _export(source, structure, export_options(spec.export, GGUF), spec.export.max_context, progress)
+    return ExportSystem(export.directory, "fp32", accuracy_level=0)
+
+
 def _parity(structure: StructureResult, verifier: Verifier, progress: StepProgress) -> ReferenceParity:
-    with progress.step("parity", "check the fp32 graph against PyTorch, a few layers at a time") as step:
-        data, reused = cached_json(
-            "parity",
-            digest_of("parity", VERIFY_VERSION, structure.key, verifier.max_positions),
-            lambda: asdict(verifier.parity(progress=step.update)),
-        )
-        if reused:
+    key = digest_of("parity", VERIFY_VERSION, structure.key, verifier.max_positions, verifier.reference_name)
+
+    def measure() -> dict[str, object]:
+        with progress.step("reference", "run the fp32 reference over the quality texts, a few layers at a time") as step:
+            verifier.reference(step.update)
+        with progress.step("parity", "check the fp32 reference against PyTorch, one weight in memory at a time"):
+            return asdict(verifier.parity())
+
+    data, reused = cached_json("parity", key, measure)
+    if reused:
+        with progress.step("parity", "check the fp32 reference against PyTorch") as step:
             step.cached()
     parity = ReferenceParity(**data)
     if parity.identical_greedy != parity.prompts:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from packager.errors import UserError
+from packager.mapped import release
 
 
 class WeightSource(Protocol):
@@ -149,8 +150,13 @@ class GgufWeights:
         gguf_name = self._gguf_names[name]
         tensor = self._tensors[gguf_name]
         values = dequantize(tensor.data, tensor.tensor_type)
+        self.release()
         values = self._processor.process(weights=values, name=gguf_name).weights
-        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+        return torch.from_numpy(np.array(values, dtype=np.float32))  # a writable copy, never the mapping
+
+    def release(self) -> None:
+        """Give back the mapped file's pages read so far (packager/mapped.py)."""
+        release(self._reader.data)
 
     def rows(self, name: str) -> GgufRows | None:
         """Which GGUF rows `name`'s rows are, when the converter only reordered them (else None).

@@ -64,8 +64,8 @@ class Verifier:
         extra: dict[str, np.ndarray] | None = None,
         graph: System | None = None,
     ) -> None:
-        """`extra`: inputs every sequence gets (a LoRA adapter's); `graph`: the reference system when it is not the
-        structure's plain fp32 graph (an adapted one)."""
+        """`extra`: inputs every sequence gets (a LoRA adapter's); `graph`: the fp32 reference when it is not the
+        structure's fp32 graph computed from the source (a GGUF's own blocks at fp32 compute, an adapted graph)."""
         self.structure = structure
         self.source = source
         self.max_positions = max_positions
@@ -99,6 +99,11 @@ class Verifier:
         )
         self.reports[system.name] = report
         return scores
+
+    @property
+    def reference_name(self) -> str:
+        """What the reference is, for cache keys: the structure's fp32 graph or a graph given to the verifier."""
+        return "structure-fp32" if self._reference_system is None else type(self._reference_system).__name__
 
     def reference(self, progress: Progress | None = None) -> Scores:
         """The fp32 reference's scores, computed on first use."""

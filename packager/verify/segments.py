@@ -26,6 +26,7 @@ from onnx import NodeProto, TensorProto, helper
 
 from packager.export.external_data import INLINE_LIMIT, external_tensor
 from packager.export.materialize import MemoryWeights, Structure
+from packager.mapped import release
 
 _LAYER = re.compile(r"^/model/layers\.(\d+)/")
 DEFAULT_BUDGET = 256 << 20  # bytes of weights per segment, beyond its largest layer
@@ -47,13 +48,23 @@ class System(Protocol):
         """The nodes to run for these graph nodes, and their initializers."""
         ...
 
+    def release(self) -> None:
+        """Give back what the last segment mapped."""
+        ...
+
 
 class ExportSystem:
-    """A written export (model.onnx + model.onnx.data): each segment's initializers mapped from the file."""
+    """A written export (model.onnx + model.onnx.data): each segment's initializers mapped from the file.
 
-    def __init__(self, directory: Path, name: str) -> None:
+    `accuracy_level`: run its MatMulNBits at this level instead of their own; at 0 a `gguf` export computes
+    `x @ W` in float32 on the GGUF's own blocks, dequantized by ONNX Runtime: the fp32 model, made from the file
+    without a float copy of any weight (the reference of a GGUF source).
+    """
+
+    def __init__(self, directory: Path, name: str, accuracy_level: int | None = None) -> None:
         self.name = name
         self.directory = directory
+        self.accuracy_level = accuracy_level
         self._maps: dict[str, np.memmap] = {}
 
     @cached_property
@@ -85,7 +96,13 @@ class ExportSystem:
             tensor = self._initializers.get(name)
             if tensor is not None:
                 weights.add(name, self._array(tensor), tensor.data_type)
+        if self.accuracy_level is not None:
+            nodes = [_with_accuracy(node, self.accuracy_level) for node in nodes]
         return nodes, weights
+
+    def release(self) -> None:
+        for mapping in self._maps.values():
+            release(mapping)
 
     def _array(self, tensor: TensorProto) -> np.ndarray:
         if tensor.data_location != TensorProto.EXTERNAL:
@@ -118,6 +135,11 @@ class StructureSystem:
         weights = MemoryWeights()
         rewritten = self.rewrite.nodes(nodes, weights)  # type: ignore[attr-defined]
         return rewritten, weights
+
+    def release(self) -> None:
+        source = self.rewrite.rewrite.source  # type: ignore[attr-defined]
+        if hasattr(source, "release"):
+            source.release()
 
 
 @dataclass
@@ -200,12 +222,26 @@ def run_sequences(
             for name in [n for n in sequence_values if readers.get(n, -1) <= index and n not in later]:
                 del sequence_values[name]
         del session, weights
+        system.release()
         report.per_segment.append((nodes[0].name, time.perf_counter() - segment_started))
         if progress is not None:
             progress(index + 1, len(segments))
     report.segments = len(segments)
     report.seconds = time.perf_counter() - started
     return kept, report
+
+
+def _with_accuracy(node: NodeProto, level: int) -> NodeProto:
+    if node.op_type != "MatMulNBits":
+        return node
+    copy = NodeProto()
+    copy.CopyFrom(node)
+    for attribute in copy.attribute:
+        if attribute.name == "accuracy_level":
+            attribute.i = level
+            return copy
+    copy.attribute.append(helper.make_attribute("accuracy_level", level))
+    return copy
 
 
 def _last_reader(segments: list[list[NodeProto]]) -> dict[str, int]:

@@ -270,9 +270,10 @@ def _reader(source: GgufWeights, runs: list[Run]) -> Any:
             raw = _raw_rows(tensor)[run.indices()]
             if tensor.tensor_type in FLOAT_TYPES:
                 stored = raw.view(np.uint16) if tensor.tensor_type == GGMLQuantizationType.BF16 else raw
-                pieces.append(FloatWeight(np.asarray(stored), FLOAT_TYPES[tensor.tensor_type]))
+                pieces.append(FloatWeight(np.array(stored), FLOAT_TYPES[tensor.tensor_type]))
             else:
                 pieces.append(read_blocks(tensor.tensor_type, raw))
+        source.release()  # the blocks are copied out: the mapped pages may go
         if len(pieces) == 1:
             return pieces[0]
         if isinstance(pieces[0], FloatWeight):
