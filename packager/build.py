@@ -61,7 +61,7 @@ from packager.verify import (
 from runtime.adapters.layout import AdapterLayout
 from runtime.bundle import FORMAT_VERSION, Manifest, file_digest, open_bundle
 
-VERIFY_VERSION = 5  # bump when the quality method changes, to invalidate cached figures
+VERIFY_VERSION = 6  # bump when the quality method changes, to invalidate cached figures
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from runtime.adapters.files import AdapterFile, pack
 from runtime.adapters.layout import INDEX_INPUT, AdapterLayout
 from runtime.bundle import ModelFacts
 
-ADAPTER_VERIFY_VERSION = 2  # bump when the figures below change meaning
+ADAPTER_VERIFY_VERSION = 3  # bump when the figures below change meaning
 DEFAULT_RANK = 16  # the rank a graph takes when the function declares modules but no adapter
 ADAPTER_DIR = "adapters"  # in the bundle
 

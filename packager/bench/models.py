@@ -21,6 +21,7 @@ from packager.quantize import export_options
 from packager.sources import SourceModel, resolve_source
 from packager.sources.gguf import dequantized_folder
 from packager.spec import FunctionSpec, load_spec
+from runtime.bundle import file_digest
 
 # --model -> the function folder under functions/
 MODELS = {"smollm2": "smollm2-chat", "gemma3": "gemma3-completion"}
@@ -73,7 +74,8 @@ def resolve(repo: Path, model: str, bundle: Path | None) -> BenchModel:
         precision: export_decoder(source, structure, export_options(spec.export, precision), max_context)
         for precision in GENAI_EXPORTS.values()
     }
-    hf_dir, _, _ = dequantized_folder(source.gguf_file, source.content_key, spec.model.source, progress,
+    sha256 = file_digest(source.gguf_file).sha256
+    hf_dir, _, _ = dequantized_folder(source.gguf_file, sha256, spec.model.source, progress,
                                       tokenizer_from=source.gguf_file.parent)  # fmt: skip
     return BenchModel(model, spec, bundle, source.gguf_file, hf_dir, exports, source, structure)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from packager.cache import cached_dir, digest_of, read_json, write_json
 from packager.errors import UserError
-from packager.export.architectures import SUPPORTED_DECODERS, check_config
+from packager.export.architectures import architecture_of
 from packager.export.external_data import WeightFile
 from packager.export.graph import drop_dead_nodes
 from packager.export.materialize import RECIPES_FILE, STRUCTURE_FILE, BlockQuantized, Float32, Rewrite, Structure
@@ -66,16 +66,9 @@ class ExportResult:
 
 
 def check_architecture(hf_dir: Path) -> str:
+    """The model type of the folder's decoder, refused here (with the reason) when onnxfn cannot build it."""
     config = json.loads((hf_dir / "config.json").read_text())
-    architecture = (config.get("architectures") or ["<none>"])[0]
-    if architecture not in SUPPORTED_DECODERS:
-        raise UserError(
-            f"{hf_dir}/config.json declares architecture {architecture!r}, which onnxfn cannot export yet; "
-            f"supported: {', '.join(sorted(SUPPORTED_DECODERS))}",
-            exit_code=2,
-        )
-    check_config(config, f"{hf_dir}/config.json")
-    return SUPPORTED_DECODERS[architecture]
+    return architecture_of(config, f"{hf_dir}/config.json").model_type
 
 
 def export_structure(source: SourceModel) -> StructureResult:

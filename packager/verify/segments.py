@@ -272,10 +272,11 @@ def _session(
         else:
             declared.append(external_tensor(name, data_type, array.shape, "memory", 0, array.nbytes))
             shared.append(name)
+    inputs_info = [_value_info(name, sample[name]) for name in inputs]
+    types = _element_types(system, nodes, inputs_info, declared, outputs)
     graph = helper.make_graph(
-        nodes, "segment",
-        [_value_info(name, sample[name]) for name in inputs],
-        [helper.make_tensor_value_info(name, _element_type(system.graph, name), None) for name in outputs],
+        nodes, "segment", inputs_info,
+        [helper.make_tensor_value_info(name, types[name], None) for name in outputs],
         declared,
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=system.opsets, ir_version=10)
@@ -299,12 +300,29 @@ def _ort_value(array: np.ndarray, data_type: int | None) -> ort.OrtValue:
     return ort.OrtValue.ortvalue_from_numpy(array)
 
 
-def _element_type(graph: onnx.GraphProto, name: str) -> int:
-    """A value's element type, as the builder recorded it (every value it makes is typed); float32 if unknown."""
-    for info in (*graph.value_info, *graph.output, *graph.input):
-        if info.name == name and info.type.tensor_type.elem_type:
-            return int(info.type.tensor_type.elem_type)
-    return TensorProto.FLOAT
+def _element_types(
+    system: System,
+    nodes: list[NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    declared: list[TensorProto],
+    outputs: list[str],
+) -> dict[str, int]:
+    """Each output's element type: as the builder recorded it (it types every value it makes), else as ONNX's
+    shape inference finds it in the segment (nodes added after the builder: adapter masks), else float32."""
+    graph = system.graph
+    known = {
+        info.name: int(info.type.tensor_type.elem_type)
+        for info in (*graph.value_info, *graph.output, *graph.input)
+        if info.type.tensor_type.elem_type
+    }
+    missing = [name for name in outputs if name not in known]
+    if missing:
+        probe = helper.make_graph(nodes, "probe", inputs, [], declared)
+        inferred = onnx.shape_inference.infer_shapes(helper.make_model(probe, opset_imports=system.opsets))
+        for info in inferred.graph.value_info:
+            if info.name in missing and info.type.tensor_type.elem_type:
+                known[info.name] = int(info.type.tensor_type.elem_type)
+    return {name: known.get(name, TensorProto.FLOAT) for name in outputs}
 
 
 def _value_info(name: str, array: np.ndarray) -> onnx.ValueInfoProto:

@@ -16,13 +16,15 @@ def smollm2_hf_dir() -> Path:
     from packager.sources import resolve_source
     from packager.sources.gguf import dequantized_folder
     from packager.spec import load_spec
+    from runtime.bundle import file_digest
 
     spec = load_spec(DEMO_FUNCTION)
     source = resolve_source(spec.model.source, DEMO_FUNCTION, StepProgress())
     assert source.gguf_file is not None
     progress = StepProgress()
+    sha256 = file_digest(source.gguf_file).sha256
     return dequantized_folder(
-        source.gguf_file, source.content_key, spec.model.source, progress, tokenizer_from=source.gguf_file.parent
+        source.gguf_file, sha256, spec.model.source, progress, tokenizer_from=source.gguf_file.parent
     )[0]
 
 

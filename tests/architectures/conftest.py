@@ -1,0 +1,67 @@
+"""Each case's tiny model written and built once per session (`pkg build` at fp32, through the real builder)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.architectures.cases import Case
+
+
+def make_model(case: Case, directory: Path) -> Path:
+    """A Hugging Face folder of `case` with seeded random weights, wide enough that next tokens are not near-ties."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.fixtures.tiny_llama import make_tiny_llama
+
+    make_tiny_llama(directory)  # its tokenizer and ChatML template; the Llama weights are replaced below
+    for stale in (*directory.glob("*.safetensors"), directory / "config.json"):
+        stale.unlink()
+    config = AutoConfig.for_model(case.model_type, **case.config())
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, 0.15)
+            elif "bias" in name:
+                parameter.normal_(0.0, 0.1)
+    model.save_pretrained(directory)
+    return directory
+
+
+class Builds:
+    """Built bundles by case name: each case is written and built the first time a test asks for it."""
+
+    def __init__(self, root: Path, cache: Path) -> None:
+        self.root = root
+        self.cache = cache
+        self._built: dict[str, tuple[Path, Path]] = {}
+
+    def get(self, case: Case) -> tuple[Path, Path]:
+        """(the Hugging Face folder, the bundle)."""
+        if case.name not in self._built:
+            from packager.build import build_function
+            from packager.progress import StepProgress
+            from packager.spec import load_spec
+            from tests.packager.conftest import write_function
+
+            folder = self.root / case.name
+            hf = make_model(case, folder / "hf")
+            spec = '[export]\nprecision = "fp32"\nmax_context = 256\n'
+            function = write_function(folder, case.name, f"hf:{hf}", spec)
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv("ONNXFN_CACHE_DIR", str(self.cache))
+                patch.chdir(folder)
+                result = build_function(load_spec(function), StepProgress())
+            self._built[case.name] = (hf, folder / result.bundle)
+        return self._built[case.name]
+
+
+@pytest.fixture(scope="session")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
+    from tests.conftest import tiny_model_cache
+
+    return Builds(tmp_path_factory.mktemp("architectures"), tiny_model_cache(tmp_path_factory))
