@@ -104,10 +104,15 @@ def check_config(config: dict[str, Any], where: str) -> None:
 def adapt_builder_config(config: Any) -> None:
     """Rewrite, in place, what the builder (0.18) cannot read in a config object loaded by transformers 5.
 
-    Gemma 3's `rope_parameters` are nested by layer type; the builder wants the full-attention layers'
-    parameters flat (`rope_type`, `rope_theta`) and the sliding layers' base as `rope_local_base_freq`,
-    where transformers 4 kept them. Other configs pass unchanged.
+    - Gemma 3's `rope_parameters` are nested by layer type; the builder wants the full-attention layers'
+      parameters flat (`rope_type`, `rope_theta`) and the sliding layers' base as `rope_local_base_freq`,
+      where transformers 4 kept them.
+    - A `sliding_window` without `layer_types` (Mistral, Phi-3): transformers windows every layer, the builder
+      only the layers `layer_types` marks as sliding, so none; they are marked here.
     """
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "layer_types", None) is None:
+        config.layer_types = [SLIDING] * config.num_hidden_layers
     rope = getattr(config, "rope_parameters", None)
     if isinstance(rope, dict) and FULL in rope:
         config.rope_parameters = dict(rope[FULL])

@@ -28,7 +28,7 @@ from packager.export.materialize import RECIPES_FILE, STRUCTURE_FILE, BlockQuant
 from packager.sources import SourceModel
 from runtime.bundle import file_digest
 
-STRUCTURE_VERSION = 1  # bump when the structure step changes meaning, to invalidate cached structures
+STRUCTURE_VERSION = 2  # bump when the structure step changes meaning, to invalidate cached structures
 EXPORT_VERSION = 3  # bump when the options below change meaning, to invalidate cached exports
 LOG_NAME = "builder.log"
 DIGESTS_NAME = "digests.json"

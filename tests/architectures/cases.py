@@ -43,7 +43,7 @@ class Case:
 
 CASES: tuple[Case, ...] = (
     Case(
-        "llama3.2", "LlamaForCausalLM", "llama", source="meta-llama/Llama-3.2-1B",
+        "llama3-2", "LlamaForCausalLM", "llama", source="meta-llama/Llama-3.2-1B",
         published={
             "rope_theta": 500000.0, "tie_word_embeddings": True, "attention_bias": False, "mlp_bias": False,
             "hidden_act": "silu", "rms_norm_eps": 1e-5,
@@ -57,7 +57,7 @@ CASES: tuple[Case, ...] = (
         published={"rope_theta": 10000.0, "sliding_window": 32, "tie_word_embeddings": False, "hidden_act": "silu"},
     ),
     Case(
-        "qwen2.5", "Qwen2ForCausalLM", "qwen2", source="Qwen/Qwen2.5-1.5B-Instruct",
+        "qwen2-5", "Qwen2ForCausalLM", "qwen2", source="Qwen/Qwen2.5-1.5B-Instruct",
         published={"rope_theta": 1000000.0, "tie_word_embeddings": True, "use_sliding_window": False,
                    "hidden_act": "silu", "rms_norm_eps": 1e-6},
     ),
