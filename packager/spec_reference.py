@@ -246,7 +246,8 @@ KEY_DOCS: dict[str, str] = {
     "targets.ray.upscale_delay": "Seconds of higher load before the autoscaler adds replicas (Serve's "
     "`upscale_delay_s`); a request at zero replicas starts one at once.",
     "targets.ray.max_queued_requests": "Requests waiting in Serve's proxy for a replica (all busy, or starting from "
-    "zero); more get HTTP 429 with `Retry-After`. A replica takes `runtime.max_batch` + `runtime.max_queue` at once.",
+    "zero); more get HTTP 429 with `Retry-After`. A replica takes min(2 x `runtime.max_batch`, `runtime.max_queue`) "
+    "at once.",
     "targets.ray.num_cpus": "CPUs each replica reserves on its node (Ray's `num_cpus`); match `runtime.threads`.",
     "targets.ray.num_gpus": "GPUs each replica reserves (Ray's `num_gpus`); with `runtime.providers` starting with "
     "`cuda` or `tensorrt`.",

@@ -61,6 +61,7 @@ class RayCluster:
     namespace: str = f"onnxfn-ray-{os.getpid()}"
     host_if: str = f"orh{os.getpid() % 100000}"
     node_processes: dict[str, nodes.NodeProcess] = field(default_factory=dict)
+    stopped: list[nodes.NodeProcess] = field(default_factory=list)
     popens: list[subprocess.Popen[bytes]] = field(default_factory=list)
     moto: subprocess.Popen[bytes] | None = None
     started_seconds: float = 0.0
@@ -127,12 +128,16 @@ class RayCluster:
         return self.root / f"cache-{name}"
 
     def stop_node(self, name: str, *, graceful: bool = True) -> list[int]:
-        return nodes.stop_node(self.node_processes.pop(name), graceful=graceful)
+        node = self.node_processes.pop(name)
+        self.stopped.append(node)
+        return nodes.stop_node(node, graceful=graceful)
 
-    def run(self, command: list[str], *, check: bool = False, timeout: float = 600, **env: str) -> Any:
+    def run(
+        self, command: list[str], *, check: bool = False, timeout: float = 600, cwd: Path | None = None, **env: str
+    ) -> Any:
         return subprocess.run(
             [*self.prefix(), *command], capture_output=True, text=True, timeout=timeout, env=self.env(**env),
-            cwd=self.root, check=check,
+            cwd=cwd or self.root, check=check,
         )  # fmt: skip
 
     def serve_details(self) -> dict[str, Any]:
@@ -141,7 +146,9 @@ class RayCluster:
         return dict(json.loads(result.stdout))
 
     def processes(self) -> list[int]:
-        return [pid for node in NODES for pid in nodes.marked(f"{self.namespace}-{node}")]
+        """Every live process of the cluster's nodes, stopped ones included (nothing may outlive them)."""
+        everyone = [*self.node_processes.values(), *self.stopped]
+        return sorted({pid for node in everyone for pid in nodes.node_processes(node)})
 
     def stop(self) -> None:
         for name in list(self.node_processes)[::-1]:  # workers first, the head last
@@ -151,6 +158,9 @@ class RayCluster:
         if self.moto is not None:
             self.moto.kill()
             self.moto.wait(timeout=30)
+        left = subprocess.run(["ip", "netns", "pids", self.namespace], capture_output=True, text=True).stdout.split()
+        for pid in left:  # the namespace is this cluster's: whatever still runs in it is
+            os.kill(int(pid), 9)
         subprocess.run(["ip", "netns", "del", self.namespace], capture_output=True)
         subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
 
