@@ -103,9 +103,11 @@ def test_row_3_a_huge_grammar_is_refused_at_once_and_health_never_waits(server: 
     deep = f'start:a0\n{rules}\na8300:"e"'
     with health_watch(server) as latencies:
         started = time.perf_counter()
-        message = refused(chat(server, guided_grammar=deep), "guided_grammar", "max is 2000")
+        message = refused(chat(server, guided_grammar=deep), "guided_grammar", "")
         compile_s = time.perf_counter() - started
-    assert message.startswith("invalid guided_grammar: Parser Error: Current row has ")
+    # llguidance's own refusal; on a loaded machine the compile can outlast its time budget first: a 400 too.
+    parsed = message.startswith("invalid guided_grammar: Parser Error: Current row has ") and "max is 2000" in message
+    assert parsed or message.startswith("'guided_grammar' took longer than"), message
     assert compile_s > 0.3 and len(latencies) > 5 and max(latencies) < 1.0
 
 
