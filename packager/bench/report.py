@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from packager.bench import adapters, embeddings, gateway, targets
+from packager.bench import adapters, embeddings, gateway, ray_target, targets
 from packager.bench.pairing import baseline_of, paired_interval
 from packager.bench.stats import median
 from packager.bench.systems import PROCESS_SNAPSHOT, VARIANTS
@@ -376,6 +376,7 @@ RENDERERS = (
     ("embeddings", embeddings.render),
     ("gateway", gateway.render),
     ("adapters", adapters.render),
+    ("ray", ray_target.render),
 )
 
 
