@@ -343,6 +343,8 @@ def render_header(results: dict[str, Any]) -> str:
         f"Versions: {versions}.",
         "",
     ]
+    if build := facts.get("llamacpp_build"):
+        lines += [render_llamacpp_build(build), ""]
     share = meta["others_cpu_share"]
     # Measured over the whole run; the load average at the start also counts processes that had just ended.
     if share > BUSY_SHARE:
@@ -362,6 +364,20 @@ def render_header(results: dict[str, Any]) -> str:
     for name, error in results.get("start_errors", {}).items():
         lines.append(f"- {name} did not start: {' '.join(error.split())[-400:]}")
     return "\n".join(lines) + "\n\n"
+
+
+def render_llamacpp_build(build: dict[str, Any]) -> str:
+    """The llama.cpp peer's build (scripts/setup_bench.sh): the ISA flags it was compiled with, picked by what ran."""
+    flags = [
+        arg.removeprefix("-DGGML_").removesuffix("=ON") for arg in build["cmake_args"].split() if arg.endswith("=ON")
+    ]
+    refused = [
+        f"{name} {outcome.removeprefix('no ')}" for name, outcome in build["probes"].items() if outcome != "runs"
+    ]
+    return (
+        f"llama.cpp build: GGML_NATIVE=OFF with {', '.join(flags)} (the extensions whose probe ran here; "
+        f"did not run: {', '.join(refused) or 'none'})."
+    )
 
 
 RENDERERS = (
