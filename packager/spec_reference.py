@@ -78,7 +78,11 @@ KEY_DOCS: dict[str, str] = {
     "runtime": "How the runtime serves the bundle on every target.",
     "runtime.max_batch": "Sequences decoded together (KV-cache slots); an encoder's rows per forward pass.",
     "runtime.max_queue": "Requests waiting for a slot before new ones get HTTP 429 with `Retry-After`.",
-    "runtime.kv_memory_mb": "Memory budget of the KV cache; admission never exceeds it.",
+    "runtime.kv_memory_mb": (
+        "Memory budget of the KV cache; admission never exceeds it. It also caps the context: each of the "
+        "`max_batch` slots holds `kv_memory_mb / max_batch` of KV (the server logs the context it gets, and the "
+        "budget that would hold `export.max_context`)."
+    ),
     "runtime.prefix_cache_mb": "Memory budget of the prefix cache (KV of shared prompt prefixes, LRU).",
     "runtime.prefill_chunk": (
         "Prompt tokens one engine step prefills per prompt (a chunk), so running streams keep producing tokens: "
@@ -117,7 +121,8 @@ KEY_DOCS: dict[str, str] = {
     "endpoint": "Limits and authentication of the HTTP API.",
     "endpoint.max_tokens": "Largest `max_tokens` a request may ask for (HTTP 400 beyond it).",
     "endpoint.max_prompt_tokens": "Longest prompt accepted (default: the context minus one token; an encoder's "
-    "longest input); must be below `export.max_context`.",
+    "longest input); must be below `export.max_context`, and prompts stop one token short of the context the KV "
+    "budget leaves (`runtime.kv_memory_mb`) whatever this says.",
     "endpoint.api_key_env": "Environment variable holding the bearer token; unset = no authentication.",
     "targets": "Per-target settings for `pkg deploy --target NAME`; a target's table is optional.",
     "targets.local": "The embedded default: the runtime server as a background process on this machine.",
