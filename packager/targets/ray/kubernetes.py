@@ -196,6 +196,9 @@ def _bundle_bytes(spec: FunctionSpec) -> int:
 
 
 def _yaml(document: dict[str, Any]) -> str:
-    import yaml
+    try:
+        import yaml  # PyYAML comes with the `ray` extra
+    except ImportError as exc:
+        raise UserError("--emit-kubernetes needs the ray extra: pip install 'onnxfn[ray]'") from exc
 
     return str(yaml.safe_dump(document, sort_keys=False, width=120))

@@ -74,6 +74,7 @@ def start_node(
     deadline = time.monotonic() + START_TIMEOUT
     while "Ray runtime started" not in _read(log_file):
         if process.poll() is not None:
+            stop_node(node, graceful=False)  # what it started before it gave up
             raise UserError(f"`ray start` exited with {process.returncode}:\n{_tail(log_file)}")
         if time.monotonic() > deadline:
             stop_node(node)
