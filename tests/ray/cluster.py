@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from packager.errors import UserError
 from packager.targets.ray import nodes
 
 SUBNET = f"10.{150 + os.getpid() % 50}.{os.getpid() % 250}"
@@ -72,6 +73,11 @@ class RayCluster:
         return f"{SUBNET}.2"
 
     @property
+    def temp_dir(self) -> str:
+        """Ray's session files, this cluster's own (short: Ray's socket paths live under it)."""
+        return f"/tmp/{self.namespace}"
+
+    @property
     def address(self) -> str:
         return f"127.0.0.1:{GCS_PORT}"
 
@@ -97,7 +103,7 @@ class RayCluster:
         started = time.monotonic()
         self._namespace()
         self._moto()
-        for name in NODES:
+        for name in NODES:  # one at a time: Ray gives a joining raylet 30 s, which two at once can miss when busy
             self.start_node(name)
         self.run([*nodes.ray_command()[:2], "ray.serve.scripts", "start", "--address", self.address,
                   "--proxy-location", "HeadOnly", "--http-host", "0.0.0.0", "--http-port", str(PROXY_PORT)],
@@ -108,7 +114,7 @@ class RayCluster:
         shape = NODES[name]
         flags = [
             "--node-ip-address=127.0.0.1", f"--num-cpus={shape['cpus']}", f"--object-store-memory={OBJECT_STORE}",
-            f"--resources={json.dumps(shape['resources'])}", "--disable-usage-stats",
+            f"--resources={json.dumps(shape['resources'])}", "--disable-usage-stats", f"--temp-dir={self.temp_dir}",
         ]  # fmt: skip
         if name == "head":
             flags += ["--head", f"--port={GCS_PORT}", "--include-dashboard=false"]
@@ -119,7 +125,11 @@ class RayCluster:
             RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=nodes.PROXY_CALLBACK,
             RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="5",
         )
-        node, popen = nodes.start_node(flags, f"{self.namespace}-{name}", self.root / f"{name}.log", env, self.prefix())
+        marker, log = f"{self.namespace}-{name}", self.root / f"{name}.log"
+        try:
+            node, popen = nodes.start_node(flags, marker, log, env, self.prefix())
+        except UserError:  # Ray's fixed 30 s for a raylet to register ran out on a busy machine: once more
+            node, popen = nodes.start_node(flags, marker, log, env, self.prefix())
         self.node_processes[name] = node
         self.popens.append(popen)
         return node
@@ -163,6 +173,7 @@ class RayCluster:
             os.kill(int(pid), 9)
         subprocess.run(["ip", "netns", "del", self.namespace], capture_output=True)
         subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def _namespace(self) -> None:
         for command in (

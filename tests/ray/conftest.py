@@ -27,7 +27,7 @@ def function_toml(**ray: Any) -> str:
         "address": '"127.0.0.1:46379"', "bundle_store": f'"s3://{BUCKET}/functions"',
         "endpoint_url": '"http://127.0.0.1:5000"', "region": '"us-east-1"', "min_replicas": 1, "max_replicas": 2,
         "target_ongoing_requests": 2, "upscale_delay": 1, "idle_timeout": 600, "num_cpus": 1,
-        "max_queued_requests": 4, "resources": "{ replica_slot = 1 }",
+        "max_queued_requests": 16, "resources": "{ replica_slot = 1 }",
         **ray,
     }  # fmt: skip
     table = "\n".join(f"{key} = {value}" for key, value in settings.items())
