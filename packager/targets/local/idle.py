@@ -52,9 +52,9 @@ def suspend(directory: Path) -> LocalDeployment | None:
             if not server_process.serves_bundle(deployment.pid, deployment.bundle):
                 return None
             wake, note = _keep_snapshot(directory, deployment)
-            server_process.terminate(deployment.pid, STOP_TIMEOUT)
             idle = replace(deployment, idle_since=time.time(), wake=wake, wake_note=note)
-            store.save(directory, idle)
+            store.save(directory, idle)  # first: a record that cannot be written (a full disk) leaves it running
+            server_process.terminate(deployment.pid, STOP_TIMEOUT)
             return idle
     except lock.Busy:
         return None

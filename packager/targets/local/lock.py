@@ -17,6 +17,7 @@ and to start it again (waiting, as a `pkg` would); the gateway's own start uses 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -72,8 +73,9 @@ def held(
                         f"(lock: {directory / name})"
                     )
                 time.sleep(_POLL)
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, json.dumps({"pid": os.getpid(), "action": action}).encode(), 0)
+        with contextlib.suppress(OSError):  # who holds it is for a waiter's message only (a full disk: unsaid)
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, json.dumps({"pid": os.getpid(), "action": action}).encode(), 0)
         yield
     finally:
         os.umask(umask)

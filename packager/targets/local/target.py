@@ -17,6 +17,7 @@ reads it from the environment; if it is not, a random key is generated into the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
@@ -218,10 +219,16 @@ def _start(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> Started:
         _restore(plan.state_dir, previous)
         kept = "; the running version keeps serving" if serving is not None else ""
         raise UserError(f"{plan.function} did not start: {exc}{kept}") from None
-    if criu is not None and deployment.start == "fresh":
-        deployment = _capture(plan, deployment, criu)
-    deployment = replace(deployment, ready=True)
-    store.save(plan.state_dir, deployment)  # the switch: the gateway routes new requests to it from now on
+    try:
+        if criu is not None and deployment.start == "fresh":
+            deployment = _capture(plan, deployment, criu)
+        deployment = replace(deployment, ready=True)
+        store.save(plan.state_dir, deployment)  # the switch: the gateway routes new requests to it from now on
+    except BaseException:  # a full disk, Ctrl-C: the new server goes, the one it would replace serves on
+        server_process.terminate(deployment.pid, STOP_TIMEOUT)
+        with contextlib.suppress(UserError):  # if even that cannot be written, the gateway still routes to it
+            _restore(plan.state_dir, previous)
+        raise
     if serving is not None:
         rolling.drain(serving)
         deployment = replace(deployment, previous_url="", previous_pid=0)
