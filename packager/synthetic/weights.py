@@ -156,8 +156,8 @@ def _matrix(rng: np.random.Generator, shape: tuple[int, ...], qtype: GGMLQuantiz
 
 
 def hf_order_tensor(spec: TensorSpec, qtype: GGMLQuantizationType, config: PublishedConfig, seed: int) -> np.ndarray:
-    """The tensor as the Hugging Face model holds its rows, in `qtype`'s storage: float32 for F32, float16 for
-    F16, uint8 rows of blocks otherwise."""
+    """The tensor as the Hugging Face model holds its rows, in `qtype`'s storage: float32 for the 1-D tensors and
+    norms (F32 in every mix), float16 for F16, uint8 rows of blocks otherwise."""
     rng = tensor_rng(seed, spec.name)
     if spec.kind == MODEL_TENSOR.ROPE_FREQS:
         return llama3_rope_factors(config)
@@ -165,8 +165,6 @@ def hf_order_tensor(spec: TensorSpec, qtype: GGMLQuantizationType, config: Publi
         return (1 + NORM_STD * rng.standard_normal(spec.shape, dtype=np.float32)).astype(np.float32)
     if spec.is_bias:
         return (BIAS_STD * rng.standard_normal(spec.shape, dtype=np.float32)).astype(np.float32)
-    if qtype == Q.F32:
-        return value_std(spec, config) * rng.standard_normal(spec.shape, dtype=np.float32)
     return _matrix(rng, spec.shape, qtype, value_std(spec, config))
 
 

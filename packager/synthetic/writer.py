@@ -3,7 +3,10 @@
 The file is what llama.cpp's converter (convert_hf_to_gguf.py) and quantizer (llama-quantize) would write from a
 Hugging Face model of the published shape whose weights are the generator's: the converter's metadata keys for
 the architecture, its tensor names and q/k permutation, the quantizer's type mix, tensor order, file type and
-quantization version; the tokenizer is the demo GGUF's, copied field by field.
+quantization version; the tokenizer is the demo GGUF's, copied field by field. The Q4_1, Q5_0 and Q8_0 blocks are
+what llama-quantize computes from the drawn weights (gguf's port of ggml's reference quantizers, which it runs
+without an importance matrix); the Q4_K and Q6_K blocks are random valid blocks whose dequantized values are the
+weights (llama-quantize's scale search, given those weights, need not find the same blocks).
 
 Memory: the header and tensor table go first (GGUFWriter's incremental path), then each tensor is drawn,
 written and dropped, so the writer holds one tensor's blocks (plus a 16 MiB drawing step) at a time.
