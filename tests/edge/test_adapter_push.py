@@ -17,8 +17,12 @@ import pytest
 from packager.cli import build_parser
 from packager.edge.client import AgentClient, AgentError, DeviceAuth
 from packager.errors import UserError
+from runtime.adapters.files import write_adapter_file
+from runtime.adapters.layout import AdapterLayout
+from runtime.bundle import read_manifest
 from tests.edge.bundles import derive_bundle
 from tests.edge.conftest import MODEL, TOKEN, Device, Workspace
+from tests.fixtures.adapter_bundle import random_adapter
 
 SPEC = '[export]\nprecision = "fp32"\nmax_context = 256\nadapter_modules = ["q_proj", "v_proj"]\n'
 
@@ -150,5 +154,12 @@ def test_agent_refuses_bad_digests_tokens_and_a_device_without_a_bundle(
             client.put_adapter("qv", data, "sha256:" + "0" * 64)
         with pytest.raises(AgentError, match="invalid_adapter"):  # the runtime's own check: not an adapter file
             client.put_adapter("qv", data, "sha256:" + hashlib.sha256(data).hexdigest())
+        # Issue 47, row 2: an adapter holding a NaN would spoil every row batched with it; the agent refuses it.
+        poisoned = random_adapter(AdapterLayout.from_json((read_manifest(a).adapters or {})["layout"]), seed=4)
+        next(iter(poisoned.tensors.values()))[0, 0] = float("nan")
+        write_adapter_file(tmp_path / "nan.safetensors", poisoned)
+        nan = (tmp_path / "nan.safetensors").read_bytes()
+        with pytest.raises(AgentError, match=r"invalid_adapter.*1 NaN and 0 infinite values"):
+            client.put_adapter("nan", nan, "sha256:" + hashlib.sha256(nan).hexdigest())
         assert client.adapters() == []
     assert not list((device.root / "adapters").iterdir())
