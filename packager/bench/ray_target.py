@@ -64,8 +64,9 @@ class Deployments:
         self.write_ray(min_replicas=1)
 
     def write(self, name: str, table: str) -> None:
-        text = re.sub(r"(?m)^name\s*=.*$", f'name = "{name}"', self.source)
-        text = re.sub(r"(?m)^(api_key_env|process_snapshot|idle_timeout)\s*=.*\n", "", text)
+        """The bench function's spec under `name`, without a key, its own targets tables replaced by `table`."""
+        text = re.sub(r"(?m)^name\s*=.*$", f'name = "{name}"', _without_targets(self.source))
+        text = re.sub(r"(?m)^api_key_env\s*=.*\n", "", text)
         folder = self.scratch / "functions" / name
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "function.toml").write_text(f"{text}\n{table}")
@@ -103,6 +104,16 @@ class Deployments:
                            cwd=self.scratch, env=self.env, capture_output=True, timeout=300, check=False)  # fmt: skip
         subprocess.run([sys.executable, "-m", "packager.cli", "gateway", "stop"], env=self.env, capture_output=True,
                        timeout=60, check=False)  # fmt: skip
+
+
+def _without_targets(source: str) -> str:
+    kept, inside = [], False
+    for line in source.splitlines(keepends=True):
+        if line.startswith("["):
+            inside = line.startswith("[targets.")
+        if not inside:
+            kept.append(line)
+    return "".join(kept)
 
 
 def measure(model: BenchModel, prompts: PromptFactory, plan: Plan) -> dict[str, Any]:
