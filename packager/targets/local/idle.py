@@ -152,10 +152,7 @@ def start_again(directory: Path, deployment: LocalDeployment, timeout: float, *,
     def restore_port() -> int:
         return process_snapshot.recorded_port(directory) or deployment.port
 
-    started = starting.start(launch, restore_port, fresh_port, record, note)
-    ready = replace(started, ready=True)
-    store.save(directory, ready)
-    return ready
+    return starting.mark_ready(directory, starting.start(launch, restore_port, fresh_port, record, note))
 
 
 def _snapshot_key(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from packager.runtime_flags import adapter_dir_of
 from packager.targets.base import STOP_TIMEOUT
-from packager.targets.local import memory_limit, process_snapshot, server_process
+from packager.targets.local import memory_limit, process_snapshot, server_process, store
 from packager.targets.local.memory_limit import Cgroup
 from packager.targets.local.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
 from packager.targets.local.records import ApiKey, LocalDeployment
@@ -110,6 +110,17 @@ def _recorded(record: Record, pid: int, port: int, start: str, note: str, exit_f
     except BaseException:
         _stop(pid)
         raise
+
+
+def mark_ready(directory: Path, deployment: LocalDeployment) -> LocalDeployment:
+    """Record the started server as ready; one whose record cannot be written (a full disk) is stopped."""
+    ready = replace(deployment, ready=True)
+    try:
+        store.save(directory, ready)
+    except BaseException:
+        _stop(deployment.pid)
+        raise
+    return ready
 
 
 def reap() -> None:
