@@ -42,7 +42,6 @@ from packager.targets.local.server_process import free_port, rss_bytes
 STREAMS = 8
 MIN_TOKENS = 64
 IDLE_WAIT = 120.0  # Serve's autoscaler decides on averaged metrics: removing the last replica takes a while
-GOALS = {"ratio": 0.85, "added_ttft_ms": 15.0}
 REPO = Path(__file__).resolve().parents[2]
 
 

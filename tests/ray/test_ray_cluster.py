@@ -21,6 +21,7 @@ import msgpack
 import openai
 import pytest
 
+from packager.bench.gateway import cpu_seconds
 from tests.ray.cluster import BUCKET
 from tests.ray.conftest import FUNCTION, Deployed
 
@@ -53,15 +54,10 @@ def stream(client: openai.OpenAI, prompt: str, max_tokens: int = 24) -> str:
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
-def cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
 def busiest(replicas: list[dict[str, Any]], window: float = 0.5) -> dict[str, Any]:
-    before = {r["pid"]: cpu_ticks(r["pid"]) for r in replicas}
+    before = {r["pid"]: cpu_seconds(r["pid"]) for r in replicas}
     time.sleep(window)
-    return max(replicas, key=lambda r: cpu_ticks(r["pid"]) - before[r["pid"]])
+    return max(replicas, key=lambda r: cpu_seconds(r["pid"]) - before[r["pid"]])
 
 
 def test_deploy_serves_the_runtime_app_through_serve_s_proxy(deployed: Deployed) -> None:
