@@ -1,4 +1,4 @@
-"""A Docker build context for people who build with Docker: Dockerfile (from `packager/templates/`) plus its inputs.
+"""A Docker build context for people who build with Docker: Dockerfile (from `templates/`) plus its inputs.
 
 It yields the same layers, in the same order and with the same paths and settings, as the daemonless
 build; byte-identical digests are not promised (Docker stamps its own mtimes).
