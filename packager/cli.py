@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from packager.errors import UserError
+from packager.extras import missing_extra
 
 # Each module exposes `register(subparsers)`, which adds its parser and sets `run(args) -> int`.
 COMMAND_MODULES = (
@@ -83,6 +84,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Messages quote TOML tables like [runtime]: print them as text, not as rich markup.
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         return exc.exit_code
+    except ModuleNotFoundError as exc:  # a command's own dependency, from an extra `pip install onnxfn` leaves out
+        missing = missing_extra(exc, args.command)
+        if missing is None:
+            raise
+        err_console.print(f"[bold red]error:[/] {escape(str(missing))}", highlight=False)
+        return missing.exit_code
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]")
         return 130

@@ -1,7 +1,8 @@
 """The troubleshooting catalogue: every error `pkg` can print and every error code the HTTP API returns.
 
 CLI errors are read from the source (each `raise UserError(...)` with its message template), so the
-list cannot fall behind the code; the HTTP error codes (`code="…"` in `runtime/`) each need a
+list cannot fall behind the code; the HTTP error codes (`code="…"` in `runtime/` and the local gateway,
+`packager/gateway/`) each need a
 hand-written entry in `docs/troubleshooting.md`, which a test enforces.
 `python -m packager.error_catalog` rewrites the generated part of that page.
 """
@@ -72,8 +73,9 @@ def _placeholder(part: ast.expr) -> str:
 
 
 def http_error_codes() -> set[str]:
+    """The codes the runtime's servers answer with, and the local gateway in front of them."""
     codes: set[str] = set()
-    for path in (REPO / "runtime").rglob("*.py"):
+    for path in [*(REPO / "runtime").rglob("*.py"), *(REPO / "packager" / "gateway").rglob("*.py")]:
         codes.update(_CODE.findall(path.read_text()))
     return codes
 

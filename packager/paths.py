@@ -7,6 +7,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from packager.private_state import private_dir
 from packager.spec import FunctionSpec
 
 
@@ -28,11 +29,11 @@ def state_root() -> Path:
     """`$XDG_STATE_HOME/onnxfn`, else `~/.local/state/onnxfn`: what runs on this machine, for this user.
 
     Not under the current folder: `pkg status`, `ps` and `destroy` must find a deployment from anywhere.
-    The XDG spec says a relative `$XDG_STATE_HOME` is invalid and is ignored.
+    The XDG spec says a relative `$XDG_STATE_HOME` is invalid and is ignored. Created 0700 (or narrowed to it).
     """
     configured = os.environ.get("XDG_STATE_HOME", "")
     base = Path(configured) if configured and Path(configured).is_absolute() else Path.home() / ".local" / "state"
-    return base / "onnxfn"
+    return private_dir(base / "onnxfn")  # its keys and snapshots are the user's alone, wherever it sits
 
 
 def function_state_dir(spec: FunctionSpec, root: Path | None = None) -> Path:

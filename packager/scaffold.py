@@ -1,4 +1,4 @@
-"""`pkg init`: render a function folder from `templates/TEMPLATE/`.
+"""`pkg init`: render a function folder from `templates/TEMPLATE/` (in the wheel: `packager/templates/`).
 
 `*.j2` files are rendered with jinja2 (`.j2` dropped), other files are copied. The commented key
 listings in `function.toml` come from the spec schema (`packager/spec_reference.py`), so a template
@@ -20,7 +20,7 @@ from packager.errors import UserError
 from packager.sources import locate_source
 from packager.spec_reference import KEY_DOCS, spec_keys
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+TEMPLATES = Path(__file__).parent / "templates"  # the repo's templates/ through a link; an installed wheel has a copy
 TEMPLATE_NAMES = ("chat", "embed", "classify")
 # A template without a demo source (no classifier ships offline) needs `--model`.
 DEMO_SOURCES = {

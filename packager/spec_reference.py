@@ -78,7 +78,11 @@ KEY_DOCS: dict[str, str] = {
     "runtime": "How the runtime serves the bundle on every target.",
     "runtime.max_batch": "Sequences decoded together (KV-cache slots); an encoder's rows per forward pass.",
     "runtime.max_queue": "Requests waiting for a slot before new ones get HTTP 429 with `Retry-After`.",
-    "runtime.kv_memory_mb": "Memory budget of the KV cache; admission never exceeds it.",
+    "runtime.kv_memory_mb": (
+        "Memory budget of the KV cache; admission never exceeds it. It also caps the context: each of the "
+        "`max_batch` slots holds `kv_memory_mb / max_batch` of KV (the server logs the context it gets, and the "
+        "budget that would hold `export.max_context`)."
+    ),
     "runtime.prefix_cache_mb": "Memory budget of the prefix cache (KV of shared prompt prefixes, LRU).",
     "runtime.prefill_chunk": (
         "Prompt tokens one engine step prefills per prompt (a chunk), so running streams keep producing tokens: "
@@ -117,7 +121,8 @@ KEY_DOCS: dict[str, str] = {
     "endpoint": "Limits and authentication of the HTTP API.",
     "endpoint.max_tokens": "Largest `max_tokens` a request may ask for (HTTP 400 beyond it).",
     "endpoint.max_prompt_tokens": "Longest prompt accepted (default: the context minus one token; an encoder's "
-    "longest input); must be below `export.max_context`.",
+    "longest input); must be below `export.max_context`, and prompts stop one token short of the context the KV "
+    "budget leaves (`runtime.kv_memory_mb`) whatever this says.",
     "endpoint.api_key_env": "Environment variable holding the bearer token; unset = no authentication.",
     "targets": "Per-target settings for `pkg deploy --target NAME`; a target's table is optional.",
     "targets.local": "The embedded default: the runtime server as a background process on this machine.",
@@ -246,7 +251,8 @@ KEY_DOCS: dict[str, str] = {
     "targets.ray.upscale_delay": "Seconds of higher load before the autoscaler adds replicas (Serve's "
     "`upscale_delay_s`); a request at zero replicas starts one at once.",
     "targets.ray.max_queued_requests": "Requests waiting in Serve's proxy for a replica (all busy, or starting from "
-    "zero); more get HTTP 429 with `Retry-After`. A replica takes `runtime.max_batch` + `runtime.max_queue` at once.",
+    "zero); more get HTTP 429 with `Retry-After`. A replica takes min(2 x `runtime.max_batch`, `runtime.max_queue`) "
+    "at once.",
     "targets.ray.num_cpus": "CPUs each replica reserves on its node (Ray's `num_cpus`); match `runtime.threads`.",
     "targets.ray.num_gpus": "GPUs each replica reserves (Ray's `num_gpus`); with `runtime.providers` starting with "
     "`cuda` or `tensorrt`.",

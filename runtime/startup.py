@@ -200,13 +200,24 @@ def load_model(bundle: Path, manifest: Manifest, args: argparse.Namespace) -> En
     """The engine `bundle` needs, set by `add_model_arguments`' flags: an encoder for an embedding or
     classification bundle (`--max-batch` caps its rows per forward), the generation engine otherwise."""
     if manifest.encoder is None:
-        return start_engine(
+        config = engine_config(args)
+        engine = start_engine(
             bundle,
-            engine_config(args),
+            config,
             verify=not args.no_verify,
             system_prompt=args.system_prompt,
             use_snapshot=not args.no_snapshot,
         )
+        limit, facts = args.max_prompt_tokens, manifest.model
+        if facts is not None and limit is not None and limit >= engine.max_context:
+            from runtime.engine.kv_cache import context_reason
+
+            reason = context_reason(facts, config.max_batch, config.kv_memory_bytes, config.max_context)
+            log.warning(
+                "[endpoint] max_prompt_tokens (--max-prompt-tokens) is %d, but %s: prompts are limited to %d tokens",
+                limit, reason, engine.max_context - 1,
+            )  # fmt: skip
+        return engine
     with TIMELINE.phase(SESSION_IMPORTS):  # the encoder's module imports onnxruntime; its session follows
         from runtime.encoder.engine import start_encoder
 

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, ReaderField, ReaderTensor
-from gguf.constants import GGUFValueType
 
 from packager.adapters.weights import LoraMatrices, LoraWeights
 from packager.errors import UserError
+
+if TYPE_CHECKING:  # `gguf` comes with the packager extra: imported when a GGUF adapter is read, not with `pkg`
+    from gguf import GGUFReader, ReaderField, ReaderTensor
 
 GGUF_MAGIC = b"GGUF"
 
@@ -143,6 +145,8 @@ def _open(path: Path) -> GGUFReader:
             f"Give a GGUF LoRA adapter ({_CONVERT_HINT}), or the PEFT folder itself "
             "(adapter_config.json and adapter_model.safetensors)"
         )
+    from gguf import GGUFReader
+
     try:
         return GGUFReader(path)
     except (ValueError, OSError, IndexError, KeyError) as e:
@@ -150,6 +154,8 @@ def _open(path: Path) -> GGUFReader:
 
 
 def _field_value(field: ReaderField) -> object:
+    from gguf.constants import GGUFValueType
+
     if not field.types or field.types[0] == GGUFValueType.ARRAY:
         return None
     return field.contents()
@@ -219,6 +225,8 @@ def _array(tensor: ReaderTensor, path: Path, little_endian: bool) -> np.ndarray:
             f"{path}: {tensor.name!r} has {len(tensor.shape)} dimensions ({list(tensor.shape)} in GGUF order); "
             f"LoRA matrices have 2. Re-convert the adapter: {_CONVERT_HINT}"
         )
+    from gguf import GGMLQuantizationType
+
     rows, cols = int(tensor.shape[1]), int(tensor.shape[0])
     data = np.asarray(tensor.data)
     if kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -64,7 +65,15 @@ def machine_facts() -> dict[str, object]:
         "kernel": platform.release(),
         "python": sys.version.split()[0],
         "packages": package_versions(),
+        "llamacpp_build": llamacpp_build(),
     }
+
+
+def llamacpp_build() -> dict[str, object] | None:
+    """How scripts/setup_bench.sh built llama-cpp-python in this interpreter's venv: its CMake flags, which
+    instruction-set probes ran here, and llama.cpp's own feature list; None where it did not build it."""
+    record = Path(sys.prefix) / "llama-cpp-build.json"
+    return json.loads(record.read_text()) if record.is_file() else None
 
 
 def package_versions() -> dict[str, str]:

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from packager.bench import adapters, embeddings, gateway, targets
+from packager.bench import adapters, embeddings, gateway, ray_target, targets
 from packager.bench.pairing import baseline_of, paired_interval
 from packager.bench.stats import median
 from packager.bench.systems import PROCESS_SNAPSHOT, VARIANTS
@@ -343,6 +343,8 @@ def render_header(results: dict[str, Any]) -> str:
         f"Versions: {versions}.",
         "",
     ]
+    if build := facts.get("llamacpp_build"):
+        lines += [render_llamacpp_build(build), ""]
     share = meta["others_cpu_share"]
     # Measured over the whole run; the load average at the start also counts processes that had just ended.
     if share > BUSY_SHARE:
@@ -364,6 +366,20 @@ def render_header(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n\n"
 
 
+def render_llamacpp_build(build: dict[str, Any]) -> str:
+    """The llama.cpp peer's build (scripts/setup_bench.sh): the ISA flags it was compiled with, picked by what ran."""
+    flags = [
+        arg.removeprefix("-DGGML_").removesuffix("=ON") for arg in build["cmake_args"].split() if arg.endswith("=ON")
+    ]
+    refused = [
+        f"{name} {outcome.removeprefix('no ')}" for name, outcome in build["probes"].items() if outcome != "runs"
+    ]
+    return (
+        f"llama.cpp build: GGML_NATIVE=OFF with {', '.join(flags)} (the extensions whose probe ran here; "
+        f"did not run: {', '.join(refused) or 'none'})."
+    )
+
+
 RENDERERS = (
     ("decode", render_decode),
     ("limit", render_limit),
@@ -376,6 +392,7 @@ RENDERERS = (
     ("embeddings", embeddings.render),
     ("gateway", gateway.render),
     ("adapters", adapters.render),
+    ("ray", ray_target.render),
 )
 
 

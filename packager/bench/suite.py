@@ -7,6 +7,8 @@
     .venv/bin/python scripts/bench.py --quick --sections decode,concurrency,quality,memory \
         --systems onnxfn,onnxfn-http,genai-int8,genai-int4,llamacpp,llamacpp-server [--model gemma3]
     .venv/bin/python scripts/bench.py --sections decode --systems onnxfn,genai,ort-loop --rounds 30 --out bench/batch1
+    # the Ray Serve target against the local gateway (packager/bench/ray_target.py), in bench/ray/:
+    .venv/bin/python scripts/bench.py --sections ray --out bench/ray
     # the LoRA adapter rows alone (packager/bench/adapters.py), merged into the committed results.md / .json:
     .venv/bin/python scripts/bench.py --sections adapters --rounds 10
     .venv/bin/python scripts/bench.py --sections concurrency --systems onnxfn,onnxfn-http,genai,ort-loop \
@@ -44,6 +46,7 @@ from packager.bench import (
     machine,
     models,
     quality,
+    ray_target,
     report,
     sections,
 )
@@ -60,7 +63,9 @@ from runtime.engine.graphs import QUANTIZED_PREFILL_FILE, decodes_with_prefill_g
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: functions/, build/ and bench/ are read and written there
 DEFAULT_MODEL = "smollm2"  # the demo: its results are bench/results.md
-SECTIONS = ("decode", "prefill", "concurrency", "cold", "quality", "memory", "embeddings", "gateway", "adapters")
+SECTIONS = (
+    "decode", "prefill", "concurrency", "cold", "quality", "memory", "embeddings", "gateway", "adapters", "ray",
+)  # fmt: skip
 FULL = sections.Plan(
     repetitions=5,
     decode_prompt=32,
@@ -261,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     if "gateway" in args.sections:
         progress(started, "gateway")
         results["gateway"] = gateway.measure(model, prompts, plan)
+        write_results(results, args.out, contention)
+    if "ray" in args.sections:  # the `ray` target against the local gateway (packager/bench/ray_target.py)
+        progress(started, "ray")
+        results["ray"] = ray_target.measure(model, prompts, plan)
         write_results(results, args.out, contention)
     if "adapters" in args.sections:
         progress(started, "adapters")

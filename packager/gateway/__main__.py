@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from packager.gateway.control import DEFAULT_PORT
+from packager.private_state import PRIVATE_UMASK
 
 
 def main() -> None:
@@ -14,6 +16,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     args = parser.parse_args()
+    os.umask(PRIVATE_UMASK)  # its logs, records and snapshots, and what its servers write, are the user's alone
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per relayed request and /metrics read
 

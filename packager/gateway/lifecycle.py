@@ -35,6 +35,7 @@ log = logging.getLogger("onnxfn.gateway")
 TICK_SECONDS = 1.0
 MIN_SCRAPE_SECONDS = 1.0
 RECORD_POLL = 0.05  # while a deploy starts a function's new server, how often its record is read again
+CLOSING_WAIT = 15.0  # the longest a server that no longer takes connections is expected to take to exit
 
 
 class Lifecycle:
@@ -81,7 +82,7 @@ class Lifecycle:
             await self._until_ready(function, problem)
             return
         if server_process.alive(before[1]):
-            await asyncio.sleep(RECORD_POLL)  # it runs but takes no connection yet (or no more): look again
+            await self._while_closing(function, before)
             return
         self.crashed(function)
 
@@ -89,6 +90,16 @@ class Lifecycle:
         """Its server ended on its own: start it again now (with backoff), unless that is under way."""
         if function.transition is None:
             self._begin(function, "restart", self._restart)
+
+    async def _while_closing(self, function: Function, serving: tuple[str, int]) -> None:
+        """Its server runs but takes no connection: it is shutting down (a redeploy drains it, a destroy stops
+        it). Until it is gone or the record names another server; then the caller looks again."""
+        deadline = time.monotonic() + CLOSING_WAIT
+        while server_process.alive(serving[1]) and time.monotonic() < deadline:
+            await asyncio.sleep(RECORD_POLL)
+            await self.registry.refresh(force=True)
+            if function.serving() != serving:
+                return
 
     async def _until_ready(self, function: Function, problem: str) -> None:
         deadline = time.monotonic() + READY_TIMEOUT

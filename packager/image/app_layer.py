@@ -23,7 +23,7 @@ APP_DIR = "/opt/onnxfn/app"
 BUNDLE_DIR = "/opt/onnxfn/bundle"
 ENTRYPOINT = f"{APP_DIR}/entrypoint.sh"
 LAMBDA_HANDLER = "runtime.aws_lambda.handler.handler"
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 RUNTIME_SOURCE = Path(runtime.__file__).resolve().parent
 BUNDLE_LAYER_VERSION = 2
 

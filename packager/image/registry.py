@@ -20,17 +20,16 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import oras.auth
-import oras.container
-import oras.provider
-import requests
-from requests.adapters import HTTPAdapter
-from urllib3.util.retry import Retry
+from typing import TYPE_CHECKING, Any
 
 from packager.errors import UserError
 from packager.image.layout import INDEX_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, REF_NAME, blob_path
+
+if TYPE_CHECKING:  # oras and requests come with the packager extra: imported when a registry is reached
+    import oras.container
+    import requests
+
+    from packager.image.oras_client import Client
 
 CHUNK_SIZE = 16 << 20  # under ECR's 20 MiB upload-part limit; 64 MiB peak memory for a 200 MB layer
 PROBE_TIMEOUT = 5.0
@@ -105,56 +104,13 @@ class PulledImage:
     layout: Path | None
 
 
-class _Client(oras.provider.Registry):
-    """oras' registry client with bounded retries and timeouts, and a fresh token per scope."""
-
-    def __init__(self, target: RegistryTarget, backend: str) -> None:
-        super().__init__(hostname=target.registry, insecure=target.insecure, auth_backend=backend)
-        adapter = _TimeoutAdapter(
-            max_retries=Retry(
-                total=4,
-                connect=1,
-                read=1,
-                backoff_factor=0.5,
-                status_forcelist=(429, 502, 503, 504),
-                allowed_methods=frozenset({"HEAD", "GET", "PUT"}),
-                respect_retry_after_header=True,
-                raise_on_status=False,
-            )
-        )
-        self.session.mount("http://", adapter)
-        self.session.mount("https://", adapter)
-
-    def do_request(  # type: ignore[override]
-        self,
-        url: str,
-        method: str = "GET",
-        data: Any = None,
-        headers: dict[str, str] | None = None,
-        json: dict[str, Any] | None = None,
-        stream: bool = False,
-    ) -> requests.Response:
-        request = oras.provider.Registry.do_request.__wrapped__  # without oras' 2-minute retry loop
-        try:
-            response = request(self, url, method, data, dict(headers or {}), json, stream)
-            if response.status_code == 401 and isinstance(self.auth, oras.auth.TokenAuth) and self.auth.token:
-                self.auth.token = None  # a token for another scope: ask for one covering this request
-                response = request(self, url, method, data, dict(headers or {}), json, stream)
-        except ValueError as exc:  # oras: "Cannot respond to request for authentication."
-            raise UserError(f"{self.hostname} refused the credentials for {method} {url}: {exc}") from exc
-        except requests.RequestException as exc:
-            raise UserError(f"registry {self.hostname} did not answer {method} {url}: {exc}") from exc
-        return response
-
-
-class _TimeoutAdapter(HTTPAdapter):
-    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:  # type: ignore[override]
-        kwargs["timeout"] = kwargs.get("timeout") or TIMEOUT
-        return super().send(request, **kwargs)
-
-
-def connect(target: RegistryTarget) -> tuple[_Client, oras.container.Container]:
+def connect(target: RegistryTarget) -> tuple[Client, oras.container.Container]:
     """A client for `target` whose reachability and credentials are checked before anything is sent."""
+    import oras.auth
+    import requests
+
+    from packager.image.oras_client import Client
+
     scheme = "http" if target.insecure else "https"
     try:
         probe = requests.get(f"{scheme}://{target.registry}/v2/", timeout=PROBE_TIMEOUT)
@@ -167,7 +123,7 @@ def connect(target: RegistryTarget) -> tuple[_Client, oras.container.Container]:
         backend = "basic"
     else:
         backend = "token"
-    client = _Client(target, backend)
+    client = Client(target.registry, target.insecure, backend, TIMEOUT)
     auth = target.auth
     if probe.status_code == 401 and not (auth.username or auth.token or target.is_ecr):
         raise UserError(f"registry {target.registry} requires credentials ({challenge.split(' ')[0]} auth): none given")
@@ -182,7 +138,7 @@ def connect(target: RegistryTarget) -> tuple[_Client, oras.container.Container]:
     return client, container
 
 
-def _check_access(client: _Client, container: oras.container.Container, target: RegistryTarget) -> None:
+def _check_access(client: Client, container: oras.container.Container, target: RegistryTarget) -> None:
     """One authenticated request on the repository, so bad credentials fail before any upload."""
     response = client.do_request(f"{client.prefix}://{container.tags_url()}", "GET")
     if response.status_code in (401, 403):
@@ -220,7 +176,7 @@ def push_layout(layout: Path, target: RegistryTarget) -> PushReport:
     return PushReport(target.reference, index_digest, bytes_sent, sent, skipped, time.perf_counter() - start)
 
 
-def _upload_blob(client: _Client, container: oras.container.Container, layout: Path, blob: dict[str, Any]) -> None:
+def _upload_blob(client: Client, container: oras.container.Container, layout: Path, blob: dict[str, Any]) -> None:
     path = blob_path(layout, blob["digest"])
     try:
         response = client.chunked_upload(str(path), container, blob, chunk_size=CHUNK_SIZE)
@@ -234,7 +190,7 @@ def _upload_blob(client: _Client, container: oras.container.Container, layout: P
 
 
 def _put_document(
-    client: _Client, container: oras.container.Container, reference: str, data: bytes, media_type: str
+    client: Client, container: oras.container.Container, reference: str, data: bytes, media_type: str
 ) -> int:
     """PUT a manifest or index as its exact bytes under `reference` (a digest or tag), unless already there."""
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
@@ -284,7 +240,7 @@ def pull_image(target: RegistryTarget, out: Path | None = None, *, layers: bool 
 
 
 def _get_document(
-    client: _Client, container: oras.container.Container, reference: str, expected: str | None
+    client: Client, container: oras.container.Container, reference: str, expected: str | None
 ) -> tuple[bytes, str]:
     response = client.do_request(
         f"{client.prefix}://{container.manifest_url(reference)}", "GET", headers={"Accept": _ACCEPT}
@@ -301,7 +257,7 @@ def _get_document(
     return data, digest
 
 
-def _fetch_blob(client: _Client, container: oras.container.Container, blob: dict[str, Any], out: Path | None) -> None:
+def _fetch_blob(client: Client, container: oras.container.Container, blob: dict[str, Any], out: Path | None) -> None:
     digest = hashlib.sha256()
     size = 0
     path = blob_path(out, blob["digest"]) if out is not None else None

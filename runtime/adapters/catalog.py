@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 
 from runtime.adapters.files import SUFFIX, AdapterFileError, AdapterMisfit, verify_adapter_file
 from runtime.adapters.layout import NAME, NAME_RULE, AdapterLayout
+from runtime.bundle import file_digest
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,10 @@ class AdapterCatalog:
             for path in sorted(directory.glob(f"*{SUFFIX}")):
                 name = path.name.removesuffix(SUFFIX)
                 if NAME.match(name) and name not in self._entries:
-                    self._entries[name] = _entry(name, path.read_bytes(), path, bundled=False)
+                    digest = file_digest(path)  # a chunk at a time: an adapter may be hundreds of MB
+                    self._entries[name] = CatalogEntry(
+                        name, path, "sha256:" + digest.sha256, digest.size, bundled=False
+                    )
 
     def get(self, name: str) -> CatalogEntry | None:
         with self._lock:
@@ -136,7 +140,3 @@ class AdapterCatalog:
 
 def bundled_entry(name: str, path: Path, digest: str, size: int) -> CatalogEntry:
     return CatalogEntry(name, path, digest, size, bundled=True)
-
-
-def _entry(name: str, data: bytes, path: Path, *, bundled: bool) -> CatalogEntry:
-    return CatalogEntry(name, path, "sha256:" + hashlib.sha256(data).hexdigest(), len(data), bundled)

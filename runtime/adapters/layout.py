@@ -9,14 +9,15 @@ with `A` `[in, slots * C]` and `B` `[slots * C, out]` graph inputs (slot j, coun
 `[batch]` each row's adapter: 0 for the base model, j for slot j. The mask keeps, in each row, the columns of its
 own slot, and writes exact zeros in the others whatever they held (a NaN times 0 would be NaN); the slots hold only
 finite values (files.py refuses others), so the second matmul adds exact zeros for them. This is S-LoRA /
-punica's design in plain ONNX ops (MatMul, Where), which every execution provider runs:
-two matmuls over the step's rows read each bound adapter's weights once, where gathering each row's weights copied
-them once per row (measured here: the gather took 15 % of an 8-row step over 4 adapters). The runtime binds only
-the slots the step's rows use, none for base rows alone, so a batch pays for the adapters in it. A slot's columns
-sit at the same place whatever else is bound and the second matmul adds exact zeros for every other column, so a
-row's output depends neither on its batch nor on its neighbours' adapters, and a base row adds exact zeros. A projection that computes several
-modules at once (the builder's fused `qkv_proj`) gives each targeted module `rank` columns of its own, its rows of
-`B` reaching only that module's outputs, so one adapter's q, k and v never mix.
+punica's design in plain ONNX ops (MatMul, Where), which every execution provider runs: two matmuls over the
+step's rows read each bound adapter's weights once, where gathering each row's weights copied them once per row
+(measured here: the gather took 15 % of an 8-row step over 4 adapters). The runtime binds only the slots the
+step's rows use, none for base rows alone, so a batch pays for the adapters in it. A slot's columns sit at the
+same place whatever else is bound and the second matmul adds exact zeros for every other column, so a row's
+output depends neither on its batch nor on its neighbours' adapters, and a base row adds exact zeros. A
+projection that computes several modules at once (the builder's fused `qkv_proj`) gives each targeted module
+`rank` columns of its own, its rows of `B` reaching only that module's outputs, so one adapter's q, k and v never
+mix.
 """
 
 from __future__ import annotations

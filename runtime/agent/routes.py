@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import metadata
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
@@ -127,16 +129,21 @@ def agent_routes(
         digest = request.headers.get(DIGEST_HEADER, "")
         if not digest.startswith("sha256:"):
             raise APIError(400, "send the adapter file's digest as X-Onnxfn-Digest: sha256:HEX", code="invalid_adapter")
-        data = await _bounded_body(request, MAX_ADAPTER_BYTES)
-        actual = "sha256:" + hashlib.sha256(data).hexdigest()
-        if actual != digest:
-            raise APIError(
-                400,
-                f"the adapter's bytes hash to {actual}, not the {digest} sent with them; resend",
-                code="digest_mismatch",
-            )
-        headers = {"X-Onnxfn-Digest": digest, "Content-Type": "application/octet-stream"}
-        return await _to_runtime(installer, api_key, "PUT", f"/v1/adapters/{name}", data, headers)
+        # Spooled to disk as it arrives and handed on from there a chunk at a time: an adapter of hundreds of MB
+        # never sits in memory (the runtime's route streams it into the adapter folder in turn).
+        fd, spool = tempfile.mkstemp(dir=installer.root.adapters, prefix=".incoming-agent-", suffix=".part")
+        try:
+            actual = await _spool(request, fd, MAX_ADAPTER_BYTES)
+            if actual != digest:
+                raise APIError(
+                    400,
+                    f"the adapter's bytes hash to {actual}, not the {digest} sent with them; resend",
+                    code="digest_mismatch",
+                )
+            headers = {"X-Onnxfn-Digest": digest, "Content-Type": "application/octet-stream"}
+            return await _to_runtime(installer, api_key, "PUT", f"/v1/adapters/{name}", _chunks(Path(spool)), headers)
+        finally:
+            os.unlink(spool)
 
     async def delete_adapter(request: Request) -> Response:
         return await _to_runtime(installer, api_key, "DELETE", f"/v1/adapters/{_adapter_name(request)}")
@@ -162,13 +169,30 @@ def _adapter_name(request: Request) -> str:
     return name
 
 
-async def _bounded_body(request: Request, limit: int) -> bytes:
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise APIError(413, f"an adapter file is at most {limit} bytes here", code="too_large")
-    return bytes(body)
+async def _spool(request: Request, fd: int, limit: int) -> str:
+    """Write the body to `fd` (closed after) as it arrives, a batch at a time off the loop; its sha256 digest."""
+    digest, size, pending = hashlib.sha256(), 0, bytearray()
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"an adapter file is at most {limit} bytes here", code="too_large")
+            digest.update(chunk)
+            pending += chunk
+            if len(pending) >= WRITE_BATCH:
+                await asyncio.to_thread(_write_all, fd, bytes(pending))
+                pending.clear()
+        if pending:
+            await asyncio.to_thread(_write_all, fd, bytes(pending))
+    finally:
+        os.close(fd)
+    return "sha256:" + digest.hexdigest()
+
+
+async def _chunks(path: Path) -> AsyncIterator[bytes]:
+    with path.open("rb") as file:
+        while chunk := await asyncio.to_thread(file.read, WRITE_BATCH):
+            yield chunk
 
 
 async def _to_runtime(
@@ -176,7 +200,7 @@ async def _to_runtime(
     api_key: str | None,
     method: str,
     path: str,
-    content: bytes | None = None,
+    content: AsyncIterator[bytes] | None = None,
     headers: dict[str, str] | None = None,
 ) -> Response:
     """The served bundle's answer to `method path`, asked in-process through its own HTTP app (same checks,

@@ -29,7 +29,7 @@ def submit_chat(state: ModelService, parsed: ChatRequest) -> tuple[Generation, R
     except InvalidRequestError as exc:
         raise from_engine_error(exc) from exc
     prompt = engine.tokenizer.encode(text)
-    check_prompt_length(len(prompt), state.policy.max_prompt_tokens, "messages")
+    check_prompt_length(len(prompt), state.policy.max_prompt_tokens, engine.max_context, "messages")
     meta = ResponseMeta.new("chatcmpl", parsed.model, state.settings.fingerprint)
     request_for_engine = GenerationRequest(meta.id, tuple(prompt), parsed.sampling, adapter=parsed.adapter)
     try:

@@ -25,7 +25,7 @@ def submit_completion(state: ModelService, parsed: CompletionRequest) -> tuple[G
     check_adapter(engine.adapters, state.policy, parsed.adapter)
     token_prompts = [engine.tokenizer.encode_prompt(p) if isinstance(p, str) else list(p) for p in parsed.prompts]
     for ids in token_prompts:
-        check_prompt_length(len(ids), state.policy.max_prompt_tokens, "prompt")
+        check_prompt_length(len(ids), state.policy.max_prompt_tokens, engine.max_context, "prompt")
     echoes = [
         (p if isinstance(p, str) else engine.tokenizer.decode(p, skip_special_tokens=False)) if parsed.echo else ""
         for p in parsed.prompts

@@ -57,11 +57,23 @@ def chat_logprob(entry: TokenLogprob) -> dict[str, Any]:
     }
 
 
-def check_prompt_length(length: int, limit: int | None, param: str) -> None:
-    if limit is not None and length > limit:
+def prompt_limit(max_prompt_tokens: int | None, context: int) -> int:
+    """The longest prompt served: `max_prompt_tokens`, never past the context less the one token a completion needs.
+    The one place both limits meet (the server warns at start when the first exceeds the second)."""
+    return min(context - 1, max_prompt_tokens if max_prompt_tokens is not None else context)
+
+
+def check_prompt_length(length: int, max_prompt_tokens: int | None, context: int, param: str) -> None:
+    limit = prompt_limit(max_prompt_tokens, context)
+    if length > limit:
+        why = (
+            f"max_prompt_tokens is {limit}"
+            if limit == max_prompt_tokens
+            else f"the model's context here is {context} tokens, and a completion needs at least one"
+        )
         raise APIError(
             400,
-            f"the prompt is {length} tokens; this endpoint accepts at most {limit}",
+            f"the prompt is {length} tokens; this endpoint accepts at most {limit} ({why})",
             param=param,
             code="context_length_exceeded",
         )

@@ -233,13 +233,31 @@ def tool_grammar(request: ToolRequest) -> str | None:
 
 
 def _call_schema(function: Function) -> dict[str, Any]:
+    arguments = _rebased(function.parameters, ARGUMENTS_POINTER)
     return {
         "type": "object",
-        "properties": {"name": {"const": function.name}, "arguments": function.parameters},
+        "properties": {"name": {"const": function.name}, "arguments": arguments},
         "required": ["name", "arguments"],
         "additionalProperties": False,
         "x-guidance": {**JSON_OPTIONS, "lenient": not function.strict},
     }
+
+
+ARGUMENTS_POINTER = "/properties/arguments"  # where a function's parameter schema sits in its call's schema
+
+
+def _rebased(schema: Any, pointer: str) -> Any:
+    """`schema` as a subschema at `pointer`: its document-relative `$ref`s (`#/$defs/x`, `#/definitions/x`, `#`)
+    point into it there, where they pointed into it as a document of its own."""
+    if isinstance(schema, list):
+        return [_rebased(item, pointer) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    rebased = {key: _rebased(value, pointer) for key, value in schema.items()}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        rebased["$ref"] = "#" + pointer + ref[1:]
+    return rebased
 
 
 # The output.

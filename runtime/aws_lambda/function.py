@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from runtime.api.encoding import JSON_TYPE, dump_json
+from runtime.api.errors import APIError
 from runtime.aws_lambda.invocation_loop import InvocationLoop
 from runtime.aws_lambda.sqs_batch import process_sqs_batch
 from runtime.events.handler import QueueHandler
@@ -67,8 +69,14 @@ class LambdaFunction:
         return isinstance(event, dict) and any(h.infer(event, context, self.adapter.config) for h in HANDLERS)
 
     def http(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
+        """The app's answer to an HTTP event; a 400 for an event mangum cannot read (never an invocation error)."""
         self.loop.enter()
-        return self.adapter(event, context)
+        if event.get("headers") is None:  # null for a request without headers: mangum needs a map
+            event = {**event, "headers": {}}
+        try:
+            return self.adapter(event, context)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:  # mangum reading the event: the app's own
+            return malformed_http_event(exc)  # errors are answered inside it, as a 500 response
 
     def sqs_batch(self, records: Sequence[dict[str, Any]], *, time_left: float | None) -> dict[str, Any]:
         return process_sqs_batch(records, self.queue, time_left=time_left, loop=self.loop)
@@ -107,3 +115,15 @@ def http_app(queue_service: ModelService) -> Starlette:
     app = create_app(settings, lambda: engine, task=task)
     app.state.server.load(lambda: engine)  # the lifespan that would load it never runs under mangum
     return app
+
+
+def malformed_http_event(exc: Exception) -> dict[str, Any]:
+    """Lambda's HTTP response for an event that does not have API Gateway's, a function URL's or an ALB's shape."""
+    error = APIError(
+        400,
+        f"the Lambda HTTP event is malformed ({type(exc).__name__}: {exc}); send the event API Gateway, a function "
+        "URL or an ALB sends",
+        code="invalid_http_event",
+    )
+    body = dump_json(error.body()).decode()
+    return {"statusCode": 400, "headers": {"content-type": JSON_TYPE}, "body": body, "isBase64Encoded": False}

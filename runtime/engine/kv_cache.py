@@ -38,6 +38,21 @@ def context_for_budget(facts: ModelFacts, slots: int, kv_memory_bytes: int, requ
     return min(wanted, fits)
 
 
+def context_reason(facts: ModelFacts, slots: int, kv_memory_bytes: int, requested: int | None) -> str:
+    """What sets `context_for_budget`'s answer, in the settings' own words (function.toml and the flags)."""
+    context = context_for_budget(facts, slots, kv_memory_bytes, requested)
+    wanted = min(requested or facts.context_length, facts.context_length)
+    if context < wanted:
+        needed_mb = -(-slots * facts.kv_bytes_per_token() * wanted // (1 << 20))
+        return (
+            f"the context is {context} tokens: [runtime] kv_memory_mb (--kv-memory-mb, {kv_memory_bytes >> 20}) holds "
+            f"no more for each of the {slots} slots ([runtime] max_batch); {needed_mb} would hold {wanted}"
+        )
+    if requested is not None and requested < facts.context_length:
+        return f"the context is {context} tokens: [export] max_context (--max-context)"
+    return f"the context is {context} tokens, the model's own"
+
+
 def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype[np.floating[Any]]) -> KVArray:
     """Zeros whose memory the OS maps 4 KiB at a time, as it is first written.
 

@@ -92,23 +92,32 @@ class QueueMessage:
 
     @classmethod
     def from_sqs(cls, message: dict[str, Any]) -> QueueMessage:
-        attribute = message.get("MessageAttributes", {}).get(CONTENT_TYPE_ATTRIBUTE, {})
-        return cls(
-            message_id=message["MessageId"],
-            body=message["Body"],
-            content_type=attribute.get("StringValue"),
-            receive_count=int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1")),
-        )
+        return cls._read(message, ("MessageId", "Body", "MessageAttributes", "StringValue", "Attributes"))
 
     @classmethod
     def from_lambda_record(cls, record: dict[str, Any]) -> QueueMessage:
-        attribute = record.get("messageAttributes", {}).get(CONTENT_TYPE_ATTRIBUTE, {})
+        return cls._read(record, ("messageId", "body", "messageAttributes", "stringValue", "attributes"))
+
+    @classmethod
+    def _read(cls, message: dict[str, Any], keys: tuple[str, str, str, str, str]) -> QueueMessage:
+        """`keys`: the id, body, attributes map, attribute value and system attributes fields, as the source spells
+        them. A map that is absent or null (SQS events carry `messageAttributes: null`) is an empty one; a field of
+        the wrong type is a `ValueError`, which fails this message alone."""
+        message_id, body, attributes, value, system = keys
+        if not isinstance(message.get(message_id), str) or not isinstance(message.get(body), str):
+            raise ValueError(f"an SQS message needs {message_id} and {body} strings")
+        attribute = _mapping(_mapping(message.get(attributes)).get(CONTENT_TYPE_ATTRIBUTE))
+        content_type = attribute.get(value)
         return cls(
-            message_id=record["messageId"],
-            body=record["body"],
-            content_type=attribute.get("stringValue"),
-            receive_count=int(record.get("attributes", {}).get("ApproximateReceiveCount", "1")),
+            message_id=message[message_id],
+            body=message[body],
+            content_type=content_type if isinstance(content_type, str) else None,
+            receive_count=int(_mapping(message.get(system)).get("ApproximateReceiveCount") or "1"),
         )
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 class MalformedMessage(Exception):

@@ -35,9 +35,6 @@ STATE_SUBDIR = "state"
 class StartedFunction:
     app: Any  # the ASGI app Serve's proxy hands requests to (the runtime's app behind its Host check)
     service: ServerState  # the app's state: its engine, auth and metrics
-    bundle: Path
-    fetch_seconds: float
-    load_seconds: float
 
 
 def fetch(settings: ReplicaSettings) -> Path:
@@ -91,7 +88,7 @@ def start_function(settings: ReplicaSettings) -> StartedFunction:
         "%s: bundle %s ready in %.2f s (fetch and verify %.2f s, load %.2f s)",
         settings.function, settings.bundle_digest[:19], loaded - started, fetched - started, loaded - fetched,
     )  # fmt: skip
-    return StartedFunction(_guarded(app, args), service, bundle, fetched - started, loaded - fetched)
+    return StartedFunction(_guarded(app, args), service)
 
 
 def _http_app(args: argparse.Namespace, manifest: Manifest, api_key: str | None, load: Callable[[], Any]) -> Any:

@@ -153,3 +153,40 @@ def test_one_slot_serves_two_adapters_in_turn(built: Path) -> None:
         ]
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("bad", "alpha", "expected"),
+    [(np.nan, 4, "1 NaN and 0 infinite values"), (np.inf, 4, "0 NaN and 1 infinite values"),
+     (3.0, 4e38, "beyond float32's range")],
+    ids=["nan", "inf", "scale-overflow"],
+)  # fmt: skip
+def test_pkg_build_refuses_an_adapter_that_could_poison_a_batch(
+    tmp_path: Path, tiny_hf_dir: Path, bad: float, alpha: float, expected: str
+) -> None:
+    """Issue 47, row 2, at build: the `pkg build` process refuses it with the tensor named, before any export."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "poisoned"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": alpha}))
+    key = "base_model.model.model.layers.1.self_attn.v_proj"
+    b = np.ones((32, 2), np.float32)
+    b[3, 1] = bad
+    save_file({f"{key}.lora_A.weight": np.ones((2, 64), np.float32), f"{key}.lora_B.weight": b},
+              str(folder / "adapter_model.safetensors"))  # fmt: skip
+    spec = write_function(
+        tmp_path, "tiny-poison", f"hf:{tiny_hf_dir}", SPEC + f'[[adapters]]\nname = "p"\nsource = "{folder}"\n'
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "packager.cli", "build", str(spec)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "250"},
+    )  # fmt: skip
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "cannot be served" in result.stderr and "layers.1.v_proj.b" in result.stderr, result.stderr
+    assert expected in result.stderr, result.stderr
+    assert not (tmp_path / "build" / "tiny-poison" / "bundle").exists()

@@ -90,6 +90,24 @@ def test_the_busy_warning_follows_other_processes_cpu_share_not_the_load_average
     assert "1-min load average 1.6 at the start" in text
 
 
+def test_the_header_names_the_llama_cpp_build_and_the_extensions_that_did_not_run() -> None:
+    build = {
+        "cmake_args": "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF",
+        "probes": {"avx2": "runs", "avx512": "runs", "amx_tile": "no (kernel refused tile state)"},
+    }
+    machine = {"cpu_model": "x", "logical_cpus": 2, "cpu_flags": [], "memory_gib": 1, "kernel": "k", "python": "3"}
+    meta = {
+        "started": "now", "duration_s": 60, "quick": False, "threads": 2, "bundle": "b", "gguf": "g", "hf_dir": "h",
+        "prompt_source": "p", "plan": {"repetitions": 5}, "notes": [], "others_cpu_share": 0.0,
+        "load_average_start": 0.1, "machine": {**machine, "packages": {}, "llamacpp_build": build},
+    }  # fmt: skip
+    text = report.render_header({"meta": meta})
+    assert "llama.cpp build: GGML_NATIVE=OFF with AVX2, AVX512 (" in text
+    assert "did not run: amx_tile (kernel refused tile state)" in text
+    del meta["machine"]["llamacpp_build"]  # results from before the record existed
+    assert "llama.cpp build" not in report.render_header({"meta": meta})
+
+
 def test_the_process_snapshot_row_is_compared_with_every_start_not_judged_against_onnxfn() -> None:
     def entry(total_s: float) -> dict:
         return {"total_s": total_s, "phases_s": {"exec_to_ready": total_s / 2}, "peak_rss_mib": None}

@@ -170,12 +170,16 @@ def test_lambda_adapters_are_uploaded_then_fetched_verified_and_served_at_start(
     data = bytearray(s3.get_object(Bucket=bucket, Key=stored["key"])["Body"].read())
     data[-1] ^= 0xFF
     stored["version_id"] = s3.put_object(Bucket=bucket, Key=stored["key"], Body=bytes(data))["VersionId"]
+    # And an entry whose bytes match the index but hold a NaN (issue 47, row 2): the start's check refuses it.
+    _store_poisoned(s3, bucket, index, index["adapters"]["upper"], "poisoned")
     s3.put_object(Bucket=bucket, Key=index_key, Body=json.dumps(index).encode())
 
     caplog.set_level(logging.INFO, logger="runtime.aws_lambda")
     handler = lambda_start
     handler.loaded_function()
     assert "adapter 'bad'" in caplog.text and "do not match the index" in caplog.text
+    assert "adapter 'poisoned'" in caplog.text and "1 NaN and 0 infinite values" in caplog.text, caplog.text
+    assert _chat(handler, f"{NAME}:poisoned")[0] == 404
 
     status, base = _chat(handler, NAME)
     assert status == 200, base
@@ -223,3 +227,24 @@ def test_the_start_up_hook_imports_nothing_a_bundle_without_adapters_lacks() -> 
 
     code = "import sys; sys.modules['safetensors'] = None; import runtime.adapters.s3_store"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _store_poisoned(s3: Any, bucket: str, index: dict[str, Any], source: dict[str, Any], name: str) -> None:
+    """`source`'s adapter with a NaN in one tensor, stored and indexed as `pkg adapter add` would (its digest right)."""
+    import hashlib
+    import tempfile
+
+    from runtime.adapters.files import AdapterFile, read_adapter_file, write_adapter_file
+
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "adapter.safetensors"
+        path.write_bytes(s3.get_object(Bucket=bucket, Key=source["key"])["Body"].read())
+        adapter = read_adapter_file(path)
+        tensors = {key: tensor.copy() for key, tensor in adapter.tensors.items()}
+        next(iter(tensors.values()))[0, 0] = float("nan")
+        write_adapter_file(path, AdapterFile(adapter.rank, adapter.scale, adapter.base, tensors))
+        data = path.read_bytes()
+    key = source["key"].rsplit("/", 1)[0] + f"/{name}.safetensors"
+    version = s3.put_object(Bucket=bucket, Key=key, Body=data)["VersionId"]
+    index["adapters"][name] = {"key": key, "version_id": version, "sha256": hashlib.sha256(data).hexdigest(),
+                               "bytes": len(data)}  # fmt: skip

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -193,7 +194,12 @@ def test_process_snapshot_restores_with_the_adapters_added_since(lora_space: Wor
     assert state["start"] == "fresh" and "adapters digest differs" in str(state["start_note"]), state
     assert _reply(space, f"{NAME}:qv") == adapted
 
-    _ok(space, "deploy", function, "--target", "local")  # the snapshot taken with `qv` is resumed
+    # A redeploy while it runs starts the new server beside it (the snapshot's port is the running server's),
+    # and dumps that one; a deploy after a destroy resumes the snapshot taken with `qv`.
+    _ok(space, "deploy", function, "--target", "local")
+    assert "started fresh beside the running server" in str(space.state(NAME)["start_note"])
+    _ok(space, "destroy", function)
+    _ok(space, "deploy", function, "--target", "local")
     assert space.state(NAME)["start"] == "restored", space.state(NAME)
     assert _reply(space, f"{NAME}:qv") == adapted
 
@@ -216,3 +222,41 @@ def test_an_idle_function_gets_the_adapter_when_it_wakes(
     assert _reply(space, f"{NAME}:qv") != _reply(space, NAME)
     out = _ok(space, "adapter", "remove", function, "qv")
     assert "no longer serves it" in out
+
+
+def test_the_gateway_lists_the_adapters_of_an_idle_function_without_waking_it(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, tiny_hf_dir: Path, peft: dict[str, Path]
+) -> None:
+    """Issue 47, row 10: `/v1/models` at the gateway names each adapter (the bundle's, from its manifest, and the
+    added ones, from the adapter folder) as a card whose `parent` is the function, even while it is idle."""
+    toml = _spec(tiny_hf_dir, f'[[adapters]]\nname = "shipped"\nsource = "{peft["qv"]}"\n')
+    bundle = _build(tmp_path_factory.mktemp("bundled-lora"), toml, tmp_path_factory)
+    space = Workspace(tmp_path, bundle)
+    space.env[KEY_ENV] = KEY
+    space.add_function(NAME, toml + "[targets.local]\nidle_timeout = 2\n", bundle)
+    function = f"functions/{NAME}"
+    try:
+        _ok(space, "deploy", function, "--target", "local")
+        _ok(space, "adapter", "add", function, "added", str(peft["qv"]))
+        deadline = time.monotonic() + 60
+        while json.loads(_ok(space, "ps", "--json"))[0]["state"] != "idle":
+            assert time.monotonic() < deadline, "the function never went idle"
+            time.sleep(0.5)
+
+        gateway = openai.OpenAI(base_url=f"{space.gateway_url}/v1", api_key=KEY, max_retries=0, timeout=30)
+        cards = {card.id: card for card in gateway.models.list().data}
+        assert list(cards) == [NAME, f"{NAME}:added", f"{NAME}:shipped"]
+        assert [getattr(cards[f"{NAME}:{a}"], "parent", None) for a in ("added", "shipped")] == [NAME, NAME]
+        assert getattr(gateway.models.retrieve(f"{NAME}:shipped"), "parent", None) == NAME
+        with pytest.raises(openai.NotFoundError, match=f"serves these adapters: {NAME}:added, {NAME}:shipped"):
+            gateway.models.retrieve(f"{NAME}:nope")
+        [row] = json.loads(_ok(space, "ps", "--json"))
+        assert row["state"] == "idle" and row["rss_bytes"] == 0  # looked at, not woken
+        reply = gateway.chat.completions.create(
+            model=f"{NAME}:shipped", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+        )  # and served once asked
+        assert reply.choices[0].message.content is not None
+    finally:
+        for state_file in [*space.state_root.glob("functions/*/state.json"), *space.state_root.glob("gateway/*.json")]:
+            with contextlib.suppress(ProcessLookupError, KeyError, ValueError):
+                os.killpg(json.loads(state_file.read_text())["pid"], signal.SIGKILL)

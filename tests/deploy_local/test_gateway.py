@@ -96,13 +96,15 @@ def test_two_functions_behind_one_url_idle_to_zero_and_wake(workspace: Workspace
         assert rows[name]["rss_bytes"] == 0 and not pid_alive(rows[name]["pid"])
         assert rows[name]["url"] == workspace.gateway_url
     assert (rows[FUNCTION]["wake"], rows[EMBED]["wake"]) == ("snapshot", "fresh")
+    idle_at = time.time()
     again, first_token = chat(chats)
     assert again == reply  # greedy: the resumed process answers as the first one did
     assert first_token < 2.0, f"{first_token:.2f} s from an idle function to its first token"
     assert len(embeds.embeddings.create(model=EMBED, input="blue").data[0].embedding) == 384
-    rows = ps(workspace)
-    assert rows[FUNCTION]["state"] == rows[EMBED]["state"] == "ready" and rows[FUNCTION]["rss_bytes"] > 0
-    assert workspace.state(FUNCTION)["start"] == "restored" and workspace.state(EMBED)["start"] == "fresh"
+    # How each woke (their records; on a loaded machine either may be idle again by the time `pkg ps` looks).
+    for name, start in ((FUNCTION, "restored"), (EMBED, "fresh")):
+        woken = workspace.state(name)
+        assert woken["start"] == start and float(str(woken["started_at"])) > idle_at, woken
 
     # At most MAX_WAKING requests wait for a wake; the others are told when to come back.
     wait_idle(workspace, FUNCTION)

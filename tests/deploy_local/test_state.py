@@ -18,6 +18,7 @@ from packager.paths import function_state_dir, state_root
 from packager.spec import load_spec
 from packager.targets.local import inventory, lock, server_process
 from packager.targets.local.records import LocalDeployment, ServerState
+from packager.targets.local.server_process import free_port
 
 SPEC = 'name = "{name}"\n[model]\nsource = "hf:unused"\n'
 
@@ -189,8 +190,14 @@ def test_status_exits_1_for_an_exited_server_and_ps_lists_every_function(tmp_pat
     assert "exited with code 1" in status.stdout and "something went badly" in status.stdout
     as_json = pkg("status", str(project / "functions" / "beta"), "--json", cwd=elsewhere, env=env)
     assert as_json.returncode == 1 and json.loads(as_json.stdout)[0]["state"] == "exited"
-    endpoint = pkg("status", str(project / "functions" / "beta"), "--base-url", cwd=elsewhere, env=env)
-    assert endpoint.returncode == 1 and "is not serving (state: exited" in endpoint.stderr
+    # Its base URL is the gateway's (started for it): the gateway starts an exited server again on the next request.
+    gateway_port = free_port("127.0.0.1")
+    endpoint = pkg(
+        "status", str(project / "functions" / "beta"), "--base-url", cwd=elsewhere,
+        env={**env, "ONNXFN_GATEWAY_PORT": str(gateway_port)},
+    )  # fmt: skip
+    pkg("gateway", "stop", cwd=elsewhere, env=env)
+    assert endpoint.returncode == 0 and endpoint.stdout == f"http://127.0.0.1:{gateway_port}/v1\n", endpoint.stderr
     assert "Traceback" not in status.stderr + endpoint.stderr
 
     listed = pkg("ps", "--json", cwd=elsewhere, env=env)
@@ -200,6 +207,7 @@ def test_status_exits_1_for_an_exited_server_and_ps_lists_every_function(tmp_pat
     assert set(rows[0]) == {
         "name", "function_dir", "url", "server_url", "model", "state", "wake", "idle_timeout", "reason", "log_tail",
         "pid", "bundle_digest", "rss_bytes", "uptime_seconds", "requests", "started_at", "state_dir", "log_file",
+        "crashes", "last_crash",
     }  # fmt: skip
     assert rows[1]["function_dir"] == str(project / "functions" / "beta") and rows[1]["model"] == "beta"
     assert rows[1]["state"] == "exited" and "exited with code 1" in rows[1]["reason"]

@@ -9,16 +9,22 @@ a bundle swap and an agent restart.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from packager.cli import build_parser
 from packager.edge.client import AgentClient, AgentError, DeviceAuth
 from packager.errors import UserError
+from runtime.adapters.files import write_adapter_file
+from runtime.adapters.layout import AdapterLayout
+from runtime.bundle import read_manifest
 from tests.edge.bundles import derive_bundle
 from tests.edge.conftest import MODEL, TOKEN, Device, Workspace
+from tests.fixtures.adapter_bundle import random_adapter
 
 SPEC = '[export]\nprecision = "fp32"\nmax_context = 256\nadapter_modules = ["q_proj", "v_proj"]\n'
 
@@ -150,5 +156,54 @@ def test_agent_refuses_bad_digests_tokens_and_a_device_without_a_bundle(
             client.put_adapter("qv", data, "sha256:" + "0" * 64)
         with pytest.raises(AgentError, match="invalid_adapter"):  # the runtime's own check: not an adapter file
             client.put_adapter("qv", data, "sha256:" + hashlib.sha256(data).hexdigest())
+        # Issue 47, row 2: an adapter holding a NaN would spoil every row batched with it; the agent refuses it.
+        poisoned = random_adapter(AdapterLayout.from_json((read_manifest(a).adapters or {})["layout"]), seed=4)
+        next(iter(poisoned.tensors.values()))[0, 0] = float("nan")
+        write_adapter_file(tmp_path / "nan.safetensors", poisoned)
+        nan = (tmp_path / "nan.safetensors").read_bytes()
+        with pytest.raises(AgentError, match=r"invalid_adapter.*1 NaN and 0 infinite values"):
+            client.put_adapter("nan", nan, "sha256:" + hashlib.sha256(nan).hexdigest())
         assert client.adapters() == []
     assert not list((device.root / "adapters").iterdir())
+
+
+def test_a_250_mib_adapter_through_the_agent_streams_in_bounded_memory(
+    devices, project, lora_pair, tmp_path, monkeypatch
+) -> None:
+    """Issue 47, row 10, on a device: the agent spooled the body into memory, then handed it on as one buffer; it
+    now streams it to disk and from there into the runtime's route, so its peak RSS grows by a few MiB, not 250+."""
+    from safetensors.numpy import save_file
+
+    from runtime.adapters.files import FORMAT
+
+    a, _ = lora_pair
+    (device,) = devices(1)
+    project.select(a)
+    token = tmp_path / "token-file"
+    token.write_text(TOKEN)
+    assert pkg(project, monkeypatch, "push", project.function, "--device", device.url, "--token-file", str(token)) == 0
+    big = tmp_path / "big.safetensors"
+    wide = {"a": np.ones((64, 4096), np.float32), "b": np.ones((4096, 64), np.float32)}
+    meta = {"format": FORMAT, "rank": "4096", "scale": "1.0", "base": "{}"}
+    save_file({f"layers.{n}.q_proj.{side}": wide[side] for n in range(125) for side in "ab"}, str(big), metadata=meta)
+    size = big.stat().st_size
+    digest = hashlib.sha256()
+    with big.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+
+    def chunks() -> Iterator[bytes]:
+        with big.open("rb") as file:
+            while chunk := file.read(1 << 20):
+                yield chunk
+
+    status = Path(f"/proc/{device.process.pid}/status")  # `ip netns exec` execs the agent: its pid
+    Path(f"/proc/{device.process.pid}/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    before = int(next(line for line in status.read_text().splitlines() if line.startswith("VmRSS:")).split()[1])
+    headers = {"Authorization": f"Bearer {TOKEN}", "X-Onnxfn-Digest": "sha256:" + digest.hexdigest(),
+               "Content-Length": str(size)}  # fmt: skip
+    response = httpx.put(f"{device.url}/agent/adapters/big", content=chunks(), headers=headers, timeout=300)
+    assert response.status_code == 400 and "exceeds the bundle's adapter rank" in response.text, response.text
+    peak = int(next(line for line in status.read_text().splitlines() if line.startswith("VmHWM:")).split()[1])
+    assert (peak - before) << 10 < 32 << 20, f"the agent's peak RSS grew {(peak - before) / 1024:.1f} MiB"
+    assert not [p for p in (device.root / "adapters").iterdir()]

@@ -79,9 +79,7 @@ def poison(slots: AdapterSlots, value: float) -> None:
                 stack[:, columns : 2 * columns] = value
 
 
-@pytest.mark.parametrize(
-    "value", [np.nan, np.inf, -np.inf, 3e38], ids=["nan", "inf", "-inf", "finite-overflowing-x@A"]
-)
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf, 3e38], ids=["nan", "inf", "-inf", "finite-overflowing-x@A"])
 def test_a_poisoned_slot_leaves_the_base_row_and_other_adapters_rows_bit_identical(
     session: ort.InferenceSession, value: float
 ) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from packager.errors import UserError
 from packager.targets.ray import nodes
 
 SUBNET = f"10.{150 + os.getpid() % 50}.{os.getpid() % 250}"
@@ -61,6 +62,7 @@ class RayCluster:
     namespace: str = f"onnxfn-ray-{os.getpid()}"
     host_if: str = f"orh{os.getpid() % 100000}"
     node_processes: dict[str, nodes.NodeProcess] = field(default_factory=dict)
+    stopped: list[nodes.NodeProcess] = field(default_factory=list)
     popens: list[subprocess.Popen[bytes]] = field(default_factory=list)
     moto: subprocess.Popen[bytes] | None = None
     started_seconds: float = 0.0
@@ -69,6 +71,11 @@ class RayCluster:
     def inside(self) -> str:
         """The namespace's veth address: Serve's proxy and moto, as the tests reach them."""
         return f"{SUBNET}.2"
+
+    @property
+    def temp_dir(self) -> str:
+        """Ray's session files, this cluster's own (short: Ray's socket paths live under it)."""
+        return f"/tmp/{self.namespace}"
 
     @property
     def address(self) -> str:
@@ -96,7 +103,7 @@ class RayCluster:
         started = time.monotonic()
         self._namespace()
         self._moto()
-        for name in NODES:
+        for name in NODES:  # one at a time: Ray gives a joining raylet 30 s, which two at once can miss when busy
             self.start_node(name)
         self.run([*nodes.ray_command()[:2], "ray.serve.scripts", "start", "--address", self.address,
                   "--proxy-location", "HeadOnly", "--http-host", "0.0.0.0", "--http-port", str(PROXY_PORT)],
@@ -107,7 +114,7 @@ class RayCluster:
         shape = NODES[name]
         flags = [
             "--node-ip-address=127.0.0.1", f"--num-cpus={shape['cpus']}", f"--object-store-memory={OBJECT_STORE}",
-            f"--resources={json.dumps(shape['resources'])}", "--disable-usage-stats",
+            f"--resources={json.dumps(shape['resources'])}", "--disable-usage-stats", f"--temp-dir={self.temp_dir}",
         ]  # fmt: skip
         if name == "head":
             flags += ["--head", f"--port={GCS_PORT}", "--include-dashboard=false"]
@@ -118,7 +125,11 @@ class RayCluster:
             RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=nodes.PROXY_CALLBACK,
             RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="5",
         )
-        node, popen = nodes.start_node(flags, f"{self.namespace}-{name}", self.root / f"{name}.log", env, self.prefix())
+        marker, log = f"{self.namespace}-{name}", self.root / f"{name}.log"
+        try:
+            node, popen = nodes.start_node(flags, marker, log, env, self.prefix())
+        except UserError:  # Ray's fixed 30 s for a raylet to register ran out on a busy machine: once more
+            node, popen = nodes.start_node(flags, marker, log, env, self.prefix())
         self.node_processes[name] = node
         self.popens.append(popen)
         return node
@@ -127,12 +138,16 @@ class RayCluster:
         return self.root / f"cache-{name}"
 
     def stop_node(self, name: str, *, graceful: bool = True) -> list[int]:
-        return nodes.stop_node(self.node_processes.pop(name), graceful=graceful)
+        node = self.node_processes.pop(name)
+        self.stopped.append(node)
+        return nodes.stop_node(node, graceful=graceful)
 
-    def run(self, command: list[str], *, check: bool = False, timeout: float = 600, **env: str) -> Any:
+    def run(
+        self, command: list[str], *, check: bool = False, timeout: float = 600, cwd: Path | None = None, **env: str
+    ) -> Any:
         return subprocess.run(
             [*self.prefix(), *command], capture_output=True, text=True, timeout=timeout, env=self.env(**env),
-            cwd=self.root, check=check,
+            cwd=cwd or self.root, check=check,
         )  # fmt: skip
 
     def serve_details(self) -> dict[str, Any]:
@@ -141,7 +156,9 @@ class RayCluster:
         return dict(json.loads(result.stdout))
 
     def processes(self) -> list[int]:
-        return [pid for node in NODES for pid in nodes.marked(f"{self.namespace}-{node}")]
+        """Every live process of the cluster's nodes, stopped ones included (nothing may outlive them)."""
+        everyone = [*self.node_processes.values(), *self.stopped]
+        return sorted({pid for node in everyone for pid in nodes.node_processes(node)})
 
     def stop(self) -> None:
         for name in list(self.node_processes)[::-1]:  # workers first, the head last
@@ -151,8 +168,12 @@ class RayCluster:
         if self.moto is not None:
             self.moto.kill()
             self.moto.wait(timeout=30)
+        left = subprocess.run(["ip", "netns", "pids", self.namespace], capture_output=True, text=True).stdout.split()
+        for pid in left:  # the namespace is this cluster's: whatever still runs in it is
+            os.kill(int(pid), 9)
         subprocess.run(["ip", "netns", "del", self.namespace], capture_output=True)
         subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def _namespace(self) -> None:
         for command in (

@@ -55,25 +55,34 @@ def refused(response: httpx.Response, param: str, fragment: str) -> str:
 
 @contextmanager
 def health_watch(server: LiveServer) -> Iterator[list[float]]:
-    """`/health` asked every 20 ms while the block runs; yields the list its latencies go into."""
+    """`/health` asked every 20 ms while the block runs; yields the list its latencies go into, once it holds
+    the first (on a loaded machine the block could otherwise be over before the watcher's first answer)."""
     latencies: list[float] = []
+    failures: list[str] = []
     stop = threading.Event()
 
     def watch() -> None:
         with httpx.Client(timeout=60) as client:
             while not stop.is_set():
                 started = time.perf_counter()
-                assert client.get(server.url + "/health").status_code == 200
+                status = client.get(server.url + "/health").status_code
+                if status != 200:
+                    failures.append(f"/health answered {status}")
                 latencies.append(time.perf_counter() - started)
                 stop.wait(0.02)
 
     thread = threading.Thread(target=watch)
     thread.start()
     try:
+        deadline = time.monotonic() + 60
+        while not latencies and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert latencies, "the /health watcher never got its first answer"
         yield latencies
     finally:
         stop.set()
         thread.join()
+    assert not failures, failures
 
 
 def normal_request_s(server: LiveServer) -> float:
@@ -94,9 +103,11 @@ def test_row_3_a_huge_grammar_is_refused_at_once_and_health_never_waits(server: 
     deep = f'start:a0\n{rules}\na8300:"e"'
     with health_watch(server) as latencies:
         started = time.perf_counter()
-        message = refused(chat(server, guided_grammar=deep), "guided_grammar", "max is 2000")
+        message = refused(chat(server, guided_grammar=deep), "guided_grammar", "")
         compile_s = time.perf_counter() - started
-    assert message.startswith("invalid guided_grammar: Parser Error: Current row has ")
+    # llguidance's own refusal; on a loaded machine the compile can outlast its time budget first: a 400 too.
+    parsed = message.startswith("invalid guided_grammar: Parser Error: Current row has ") and "max is 2000" in message
+    assert parsed or message.startswith("'guided_grammar' took longer than"), message
     assert compile_s > 0.3 and len(latencies) > 5 and max(latencies) < 1.0
 
 

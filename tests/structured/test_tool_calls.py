@@ -44,6 +44,43 @@ def test_required_gives_calls_whose_arguments_validate(client: openai.OpenAI, mo
             jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
+# Issue 47, row 10: a valid schema whose `$ref`s point into its own `$defs` (pydantic writes them so) was a 400
+# "Pointer '/$defs/n' does not exist" with tool_choice "required": the call's grammar nests the parameters.
+WITH_DEFS = {
+    "type": "object",
+    "$defs": {"n": {"type": "integer", "minimum": 1, "maximum": 9}, "city": {"type": "string", "maxLength": 20}},
+    "properties": {"nights": {"$ref": "#/$defs/n"}, "city": {"$ref": "#/$defs/city"}},
+    "required": ["nights", "city"],
+    "additionalProperties": False,
+}
+WITH_DEFINITIONS = {  # draft 7's name for them, and a ref to a ref
+    "type": "object",
+    "definitions": {"zone": {"$ref": "#/definitions/name"}, "name": {"type": "string", "maxLength": 20}},
+    "properties": {"timezone": {"$ref": "#/definitions/zone"}},
+    "required": ["timezone"],
+    "additionalProperties": False,
+}
+DEFS_SCHEMAS = {"book_hotel": WITH_DEFS, "get_time": WITH_DEFINITIONS}
+DEFS_TOOLS: list[Any] = [
+    {"type": "function", "function": {"name": name, "parameters": schema}} for name, schema in DEFS_SCHEMAS.items()
+]
+
+
+@pytest.mark.parametrize(
+    "tool_choice", ["required", "auto", {"type": "function", "function": {"name": "book_hotel"}}], ids=str
+)
+def test_schemas_with_defs_and_refs_are_enforced(client: openai.OpenAI, model: str, tool_choice: Any) -> None:
+    ask = [{"role": "user", "content": "Book a hotel in Rome for three nights."}]
+    reply = client.chat.completions.create(
+        model=model, messages=ask, tools=DEFS_TOOLS, tool_choice=tool_choice, temperature=0, max_tokens=80
+    )
+    (choice,) = reply.choices
+    for call in choice.message.tool_calls or []:
+        jsonschema.validate(json.loads(call.function.arguments), DEFS_SCHEMAS[call.function.name])
+    if tool_choice != "auto":
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+
+
 def test_a_named_function_is_the_one_called(client: openai.OpenAI, model: str) -> None:
     reply = client.chat.completions.create(
         model=model,

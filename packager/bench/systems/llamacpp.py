@@ -36,8 +36,8 @@ def end_tokens(gguf: str) -> list[int]:
 class LlamaCppSystem:
     def __init__(self, config: SystemConfig) -> None:
         self.max_streams = 1
-        # No repacked-weight buffers exist for Q4_1 (llama.cpp keeps every tensor in plain CPU buffers), so
-        # the AMX/repack crash in FIELD-NOTES cannot occur here: the default build and settings are used.
+        # Default settings: the AMX/repack crash in FIELD-NOTES needs AMX kernels, which scripts/setup_bench.sh
+        # compiles only where its probe ran AMX instructions; llama.cpp repacks no Q4_1 tensor anyway.
         self._llama = Llama(
             model_path=config.gguf,
             n_ctx=MAX_CONTEXT,

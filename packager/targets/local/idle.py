@@ -52,9 +52,9 @@ def suspend(directory: Path) -> LocalDeployment | None:
             if not server_process.serves_bundle(deployment.pid, deployment.bundle):
                 return None
             wake, note = _keep_snapshot(directory, deployment)
-            server_process.terminate(deployment.pid, STOP_TIMEOUT)
             idle = replace(deployment, idle_since=time.time(), wake=wake, wake_note=note)
-            store.save(directory, idle)
+            store.save(directory, idle)  # first: a record that cannot be written (a full disk) leaves it running
+            server_process.terminate(deployment.pid, STOP_TIMEOUT)
             return idle
     except lock.Busy:
         return None
@@ -152,10 +152,7 @@ def start_again(directory: Path, deployment: LocalDeployment, timeout: float, *,
     def restore_port() -> int:
         return process_snapshot.recorded_port(directory) or deployment.port
 
-    started = starting.start(launch, restore_port, fresh_port, record, note)
-    ready = replace(started, ready=True)
-    store.save(directory, ready)
-    return ready
+    return starting.mark_ready(directory, starting.start(launch, restore_port, fresh_port, record, note))
 
 
 def _snapshot_key(

@@ -17,6 +17,7 @@ and to start it again (waiting, as a `pkg` would); the gateway's own start uses 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -27,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from packager.errors import UserError
+from packager.private_state import PRIVATE_FILE, PRIVATE_UMASK, private_dir
 
 LOCK_FILE = "deploy.lock"
 # Longer than a deploy takes (a first start waits up to 120 s for /ready, then up to 60 s to warm up, then
@@ -49,9 +51,13 @@ def held(
     wait: float = WAIT_SECONDS,
     name: str = LOCK_FILE,
 ) -> Iterator[None]:
-    """Hold the function's lock for the block; `say` tells the user when another `pkg` makes this one wait."""
-    directory.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(directory / name, os.O_RDWR | os.O_CREAT, 0o644)
+    """Hold the function's lock for the block; `say` tells the user when another `pkg` makes this one wait.
+
+    Every change to a deployment's state happens under its lock: what the block creates (and what it starts) is
+    created private (packager/private_state.py)."""
+    private_dir(directory)
+    descriptor = os.open(directory / name, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
+    umask = os.umask(PRIVATE_UMASK)
     try:
         if not _try_lock(descriptor):
             holder = _holder(descriptor)
@@ -67,10 +73,12 @@ def held(
                         f"(lock: {directory / name})"
                     )
                 time.sleep(_POLL)
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, json.dumps({"pid": os.getpid(), "action": action}).encode(), 0)
+        with contextlib.suppress(OSError):  # who holds it is for a waiter's message only (a full disk: unsaid)
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, json.dumps({"pid": os.getpid(), "action": action}).encode(), 0)
         yield
     finally:
+        os.umask(umask)
         os.close(descriptor)  # releases the lock
 
 

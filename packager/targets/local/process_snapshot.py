@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import IO
 
 import runtime
+from packager.private_state import PRIVATE_UMASK, make_private
 
 # A restored process gets its pid back, so the server runs as the first process of a pid namespace of its own,
 # where that pid is always free; `setsid` makes it lead its session there, as CRIU requires.
@@ -183,13 +184,14 @@ def capture(state_dir: Path, pid: int, key: SnapshotKey, criu: Criu) -> Captured
     final = state_dir / SNAPSHOT_DIR
     partial = state_dir / f"{SNAPSHOT_DIR}.partial"
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    partial.mkdir(mode=0o700, parents=True)
     started = time.perf_counter()
     # --tcp-close: connections open at this moment (none, normally) are not resumed; the listener is.
     dump = [criu.binary, "dump", "--tree", str(pid), "--images-dir", str(partial), "--leave-running"]
     result = subprocess.run(
-        [*dump, "--tcp-close", "--log-file", "dump.log"], capture_output=True, text=True, check=False
-    )
+        [*dump, "--tcp-close", "--log-file", "dump.log"], capture_output=True, text=True, check=False,
+        umask=PRIVATE_UMASK,  # the images hold the server's memory: its key, the prompts it served
+    )  # fmt: skip
     if result.returncode != 0:
         reason = _log_errors(partial / "dump.log")
         shutil.rmtree(partial, ignore_errors=True)
@@ -197,6 +199,7 @@ def capture(state_dir: Path, pid: int, key: SnapshotKey, criu: Criu) -> Captured
     seconds = time.perf_counter() - started
     (partial / META_FILE).write_text(json.dumps(asdict(key), indent=2) + "\n")
     shutil.rmtree(final, ignore_errors=True)
+    make_private(partial)  # whatever modes CRIU gave its images
     partial.replace(final)  # a snapshot directory is either complete or absent
     size = sum(path.stat().st_size for path in final.iterdir())
     return Captured(final, size, seconds)
@@ -246,7 +249,7 @@ def restore(state_dir: Path, key: SnapshotKey, criu: Criu, log_file: Path, prefi
     pidfile.unlink(missing_ok=True)
     # The server's stdout/stderr were the log file, which has grown since: hand CRIU the file open now
     # (it refuses to reopen a file whose size changed). Truncated, as a fresh start's log is.
-    log_fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
+    log_fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         result = subprocess.run(
             [*prefix, criu.binary, "restore", "--images-dir", str(images), "--restore-detached", "--tcp-close",
@@ -254,6 +257,7 @@ def restore(state_dir: Path, key: SnapshotKey, criu: Criu, log_file: Path, prefi
              "--inherit-fd", f"fd[{log_fd}]:{str(log_file.resolve()).lstrip('/')}",
              "--pidfile", str(pidfile), "--log-file", "restore.log"],
             capture_output=True, text=True, check=False, pass_fds=(log_fd,), timeout=RESTORE_TIMEOUT,
+            umask=PRIVATE_UMASK,
         )  # fmt: skip
     finally:
         os.close(log_fd)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from packager.runtime_flags import adapter_dir_of
 from packager.targets.base import STOP_TIMEOUT
-from packager.targets.local import memory_limit, process_snapshot, server_process
+from packager.targets.local import memory_limit, process_snapshot, server_process, store
 from packager.targets.local.memory_limit import Cgroup
 from packager.targets.local.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
 from packager.targets.local.records import ApiKey, LocalDeployment
@@ -68,7 +68,7 @@ def start(
             except SnapshotUnavailable as exc:
                 note = f"started fresh: the process snapshot was not used ({exc})"
             else:
-                deployment = record(port, pid, "restored", "resumed the process snapshot", "")
+                deployment = _recorded(record, pid, port, "restored", "resumed the process snapshot", "")
                 # A resumed server is ready within milliseconds: polled 10x as often as a fresh one, since every
                 # poll interval lost here is added to a woken function's first token.
                 problem = server_process.wait_ready(
@@ -89,7 +89,7 @@ def start(
             launch.command(port), log, launch.env, exit_file, (*memory_limit.join_prefix(launch.cgroup), *prefix)
         )
     _launchers.append(process)
-    deployment = record(port, pid, "fresh", note, str(exit_file))
+    deployment = _recorded(record, pid, port, "fresh", note, str(exit_file))
 
     def exited() -> str | None:
         code = process.poll()
@@ -100,6 +100,27 @@ def start(
         _stop(pid)
         raise StartFailed(f"the server {problem}\n{server_process.log_tail(launch.log_file)}")
     return deployment
+
+
+def _recorded(record: Record, pid: int, port: int, start: str, note: str, exit_file: str) -> LocalDeployment:
+    """The record of the server just started; a server whose record cannot be written (a full disk) is
+    stopped, so no server runs that no record knows."""
+    try:
+        return record(port, pid, start, note, exit_file)
+    except BaseException:
+        _stop(pid)
+        raise
+
+
+def mark_ready(directory: Path, deployment: LocalDeployment) -> LocalDeployment:
+    """Record the started server as ready; one whose record cannot be written (a full disk) is stopped."""
+    ready = replace(deployment, ready=True)
+    try:
+        store.save(directory, ready)
+    except BaseException:
+        _stop(deployment.pid)
+        raise
+    return ready
 
 
 def reap() -> None:

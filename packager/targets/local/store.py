@@ -92,10 +92,17 @@ def load(directory: Path) -> LocalDeployment | None:
 
 
 def save(directory: Path, deployment: LocalDeployment) -> None:
-    (directory / PID_FILE).write_text(f"{deployment.pid}\n")
+    """Write the record; a `UserError` when it cannot be (a full disk), and then the previous one is intact."""
     temporary = directory / f"{STATE_FILE}.tmp"
-    temporary.write_text(json.dumps(asdict(deployment), indent=2) + "\n")
-    temporary.replace(directory / STATE_FILE)  # readers see the old record or the new one, never half of one
+    try:
+        temporary.write_text(json.dumps(asdict(deployment), indent=2) + "\n")
+        temporary.replace(directory / STATE_FILE)  # readers see the old record or the new one, never half of one
+        (directory / PID_FILE).write_text(f"{deployment.pid}\n")
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise UserError(
+            f"cannot write {directory / STATE_FILE} ({exc.strerror or exc}); free space there and try again"
+        ) from exc
 
 
 def forget(directory: Path) -> None:

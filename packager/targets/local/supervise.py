@@ -55,16 +55,15 @@ def restart(directory: Path, *, timeout: float = READY_TIMEOUT) -> LocalDeployme
             deployment = _noted(directory, deployment, _how_it_ended(deployment))
         if crashloop_left(deployment, now) > 0:
             raise CrashLoop(describe(deployment, now))
+        again = replace(deployment, crashloop_since=None)  # recorded once it is ready
         try:
-            started = idle.start_again(directory, deployment, timeout, snapshot=deployment.process_snapshot)
+            started = idle.start_again(directory, again, timeout, snapshot=deployment.process_snapshot)
         except StartFailed as exc:
             failed = _noted(directory, deployment, f"its start failed: {str(exc).splitlines()[0]}", at=time.time())
             if failed.crashloop_since is not None:
                 raise CrashLoop(describe(failed, time.time())) from None
             raise
-        running = replace(started, crashloop_since=None)
-        store.save(directory, running)
-        return running
+        return started
 
 
 def _adopted(directory: Path, deployment: LocalDeployment, timeout: float) -> LocalDeployment:

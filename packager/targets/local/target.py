@@ -17,6 +17,7 @@ reads it from the environment; if it is not, a random key is generated into the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
@@ -35,7 +36,16 @@ from packager.progress import StepProgress
 from packager.runtime_flags import adapter_flags, server_flags
 from packager.spec import FunctionSpec
 from packager.targets.base import READY_TIMEOUT, STOP_TIMEOUT, HttpEndpoint, LogLine, Removal, Target, TargetStatus
-from packager.targets.local import inventory, lock, memory_limit, process_snapshot, server_process, starting, store
+from packager.targets.local import (
+    inventory,
+    lock,
+    memory_limit,
+    process_snapshot,
+    rolling,
+    server_process,
+    starting,
+    store,
+)
 from packager.targets.local.process_snapshot import Criu, SnapshotKey, SnapshotUnavailable
 from packager.targets.local.records import ApiKey, LocalDeployed, LocalDeployment, LocalPlan, ServerState
 from packager.targets.local.starting import Launch, StartFailed
@@ -46,7 +56,6 @@ from runtime.engine.prepacked import PrepackedGraphs
 
 LOG_FILE = "server.log"
 PREVIOUS_LOG_FILE = "server.previous.log"  # the log of the server a rolling redeploy replaced
-DRAIN_TIMEOUT = 30.0  # seconds a replaced server has to finish what it answers (SIGKILL after that)
 KEY_FILE = "api-key"
 ADAPTER_DIR = "adapters"  # adapters added with `pkg adapter add`, in the state folder: they outlive the server
 PREPACKED_DIR = "prepacked"
@@ -155,7 +164,7 @@ def _start(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> Started:
         previous = _stop(legacy, forget_key=False)
         _adopt_key(previous, generated_key if plan.api_key.source == "file" else None)
     previous = store.load(plan.state_dir)
-    serving = _replaced_server(plan, previous)
+    serving = rolling.replaced_server(plan.state_dir, previous, plan.host, plan.port)
     if plan.api_key.source != "file":
         generated_key.unlink(missing_ok=True)  # left by an earlier deploy that had no key in the environment
     elif not generated_key.is_file():
@@ -210,38 +219,21 @@ def _start(plan: LocalPlan, *, ready_timeout: float = READY_TIMEOUT) -> Started:
         _restore(plan.state_dir, previous)
         kept = "; the running version keeps serving" if serving is not None else ""
         raise UserError(f"{plan.function} did not start: {exc}{kept}") from None
-    if criu is not None and deployment.start == "fresh":
-        deployment = _capture(plan, deployment, criu)
-    deployment = replace(deployment, ready=True)
-    store.save(plan.state_dir, deployment)  # the switch: the gateway routes new requests to it from now on
+    try:
+        if criu is not None and deployment.start == "fresh":
+            deployment = _capture(plan, deployment, criu)
+        deployment = replace(deployment, ready=True)
+        store.save(plan.state_dir, deployment)  # the switch: the gateway routes new requests to it from now on
+    except BaseException:  # a full disk, Ctrl-C: the new server goes, the one it would replace serves on
+        server_process.terminate(deployment.pid, STOP_TIMEOUT)
+        with contextlib.suppress(UserError):  # if even that cannot be written, the gateway still routes to it
+            _restore(plan.state_dir, previous)
+        raise
     if serving is not None:
-        server_process.terminate(serving.pid, DRAIN_TIMEOUT)  # SIGTERM: what it answers now, it finishes
+        rolling.drain(serving)
         deployment = replace(deployment, previous_url="", previous_pid=0)
         store.save(plan.state_dir, deployment)
     return Started(deployment, memory_note)
-
-
-@dataclass(frozen=True)
-class Serving:
-    url: str
-    port: int
-    pid: int
-
-
-def _replaced_server(plan: LocalPlan, previous: LocalDeployment | None) -> Serving | None:
-    """The server of the deployment being replaced that keeps serving until the new one is ready; None when
-    none runs. Leftovers of an interrupted deploy are stopped, and so is a server on a fixed port (the new
-    one needs it: requests wait at the gateway meanwhile)."""
-    if previous is None:
-        return None
-    if previous.previous_pid and server_process.serves_bundle(previous.previous_pid, previous.bundle):
-        server_process.terminate(previous.previous_pid, STOP_TIMEOUT)  # a deploy that ended before its switch
-    if previous.idle_since is not None or not server_process.serves_bundle(previous.pid, previous.bundle):
-        return None
-    if not previous.ready or (plan.port and plan.port == previous.port and plan.host == previous.host):
-        server_process.terminate(previous.pid, DRAIN_TIMEOUT)
-        return None
-    return Serving(previous.url, previous.port, previous.pid)
 
 
 def _memory_cgroup(plan: LocalPlan) -> tuple[memory_limit.Cgroup | None, str]:
@@ -294,7 +286,7 @@ def _deployment(
     start: str,
     note: str,
     exit_file: str,
-    replaces: Serving | None = None,
+    replaces: rolling.Serving | None = None,
     cgroup: str = "",
 ) -> LocalDeployment:
     """The record of a server that is starting (`ready` once the deploy switches to it), saved."""

@@ -3,9 +3,10 @@
 `--emit-kubernetes` carry the same deployment options.
 
 Serve's options, chosen for a continuous-batching engine:
-- `max_ongoing_requests` = one decode batch running and at most one waiting inside the replica
-  (`runtime.max_batch` + min(`max_queue`, `max_batch`)): the rest wait in the proxy, where a replica the
-  autoscaler adds picks them up, instead of queueing behind a busy engine;
+- `max_ongoing_requests` = one decode batch running and at most one waiting inside the replica, within what
+  the engine queues (min(2 x `runtime.max_batch`, `runtime.max_queue`): a burst of them all at once is
+  queued, never a 429 from the replica): the rest wait in the proxy, where a replica the autoscaler adds
+  picks them up, instead of queueing behind a busy engine;
 - `max_queued_requests` with `backpressure_config` 429 + `Retry-After`: the proxy's bound, as the gateway's
   `max_waking_requests` is the local target's;
 - `autoscaling_config`: min/max replicas, `target_ongoing_requests` (default one batch per replica), the delays
@@ -17,7 +18,6 @@ Serve's options, chosen for a continuous-batching engine:
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
@@ -76,8 +76,7 @@ def _valid_store(store: str) -> bool:
 
 
 def max_ongoing_requests(spec: FunctionSpec) -> int:
-    batch = spec.runtime.max_batch
-    return batch + min(spec.runtime.max_queue, batch)
+    return max(1, min(2 * spec.runtime.max_batch, spec.runtime.max_queue))
 
 
 def deployment_options(spec: FunctionSpec) -> dict[str, Any]:
@@ -132,7 +131,3 @@ def describe_scaling(spec: FunctionSpec) -> str:
         f"{settings.min_replicas}..{settings.max_replicas} replicas, {target:g} requests each, "
         f"{need}{', ' + where if where else ''}; idle {settings.idle_timeout} s"
     )
-
-
-def retry_after() -> int:
-    return math.ceil(RETRY_AFTER_SECONDS)

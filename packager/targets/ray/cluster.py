@@ -95,10 +95,11 @@ def ensure_serve(http_host: str, http_port: int, *, head_only: bool) -> str:
 
 
 def _client() -> Any:
-    """Serve's controller client (Ray 2.60 offers no public read of the proxy's address or the replicas' nodes)."""
+    """Serve's controller client, None when Serve does not run on the cluster (Ray 2.60 offers no public read of
+    the proxy's address or the replicas' nodes)."""
     from ray.serve.context import _get_global_client
 
-    return _get_global_client()
+    return _get_global_client(raise_if_no_controller_running=False)
 
 
 def proxy_url() -> str:
@@ -133,7 +134,10 @@ def app_status(name: str) -> AppStatus | None:
     """The application's status and its replicas (with their nodes), None when Serve has no such application."""
     import ray
 
-    details = _client().get_serve_details()  # the controller's own record, dashboard or not
+    client = _client()
+    if client is None:
+        return None
+    details = client.get_serve_details()  # the controller's own record, dashboard or not
     app = details.get("applications", {}).get(name)
     if app is None:
         return None
@@ -164,7 +168,8 @@ def delete(name: str) -> bool:
 
 
 def applications() -> list[str]:
-    return sorted(_client().get_serve_details().get("applications", {}))
+    client = _client()
+    return sorted(client.get_serve_details().get("applications", {})) if client is not None else []
 
 
 def replica_logs(app: str, offsets: dict[str, int]) -> dict[str, tuple[int, list[str]]]:

@@ -45,7 +45,7 @@ def running() -> LocalHead | None:
         head = LocalHead(**json.loads((head_dir() / RECORD).read_text()))
     except (FileNotFoundError, json.JSONDecodeError, TypeError):
         return None
-    return head if head.pid in nodes.marked(head.marker) else None
+    return head if head.pid in nodes.node_processes(head.node()) else None
 
 
 @contextmanager

@@ -1,10 +1,11 @@
 """Ray nodes as processes on this machine: `ray start --block`, each in a session of its own, and how to stop one
 so that nothing of it outlives it.
 
-Every process a node starts (GCS, raylet, agents, the workers that run replicas) inherits its environment, and
-Ray renames many of them (`ray::ServeReplica:…`), so a node is found by a marker variable in that environment
-(`ONNXFN_RAY_NODE`), not by a name: stopping one never touches another node's processes, or another user's
-Ray. `ray stop` would: it signals every Ray process of the machine.
+Every process a node starts (GCS, raylet, agents, the workers that run replicas) stays in the session of its
+`ray start` and inherits its environment, and Ray renames many of them (`ray::ServeReplica:…`, which also
+overwrites what /proc shows of their environment), so a node's processes are found by their session id and by
+a marker variable (`ONNXFN_RAY_NODE`), never by a name: stopping one node never touches another's processes,
+or another user's Ray. `ray stop` would: it signals every Ray process of the machine.
 
 Loopback only: Ray 2.60 takes `--node-ip-address=127.0.0.1` as "this machine's address" and picks the
 interface that routes outside (`services.resolve_ip_for_localhost`), and its servers listen on every interface
@@ -73,6 +74,7 @@ def start_node(
     deadline = time.monotonic() + START_TIMEOUT
     while "Ray runtime started" not in _read(log_file):
         if process.poll() is not None:
+            stop_node(node, graceful=False)  # what it started before it gave up
             raise UserError(f"`ray start` exited with {process.returncode}:\n{_tail(log_file)}")
         if time.monotonic() > deadline:
             stop_node(node)
@@ -87,26 +89,36 @@ def stop_node(node: NodeProcess, *, graceful: bool = True, timeout: float = STOP
     if graceful and _alive(node.pid):
         _signal(node.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and (_alive(node.pid) or marked(node.marker)):
+        while time.monotonic() < deadline and (_alive(node.pid) or node_processes(node)):
             time.sleep(0.2)
-    killed = marked(node.marker)
+    killed = node_processes(node)
     for pid in killed:
         _signal(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline and marked(node.marker):
+    while time.monotonic() < deadline and node_processes(node):
         time.sleep(0.05)
     return killed
 
 
-def marked(marker: str) -> list[int]:
-    """The live processes whose environment carries `ONNXFN_RAY_NODE=marker` (zombies left out)."""
+def node_processes(node: NodeProcess) -> list[int]:
+    """The node's live processes: in its `ray start`'s session, or carrying its marker (zombies left out)."""
+    return marked(node.marker, session=node.pid)
+
+
+def marked(marker: str, *, session: int | None = None) -> list[int]:
+    """The live processes whose environment carries `ONNXFN_RAY_NODE=marker`, or whose session is `session`."""
     wanted = f"{MARKER_ENV}={marker}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if wanted in (entry / "environ").read_bytes().split(b"\0") and not _zombie(entry):
+            fields = _stat_fields(entry)
+            if fields[0] == "Z":
+                continue
+            if (session is not None and int(fields[3]) == session) or wanted in (entry / "environ").read_bytes().split(
+                b"\0"
+            ):
                 found.append(int(entry.name))
         except OSError:
             continue  # gone meanwhile, or not ours to read
@@ -123,9 +135,14 @@ def free_port() -> int:
             return port
 
 
-def _zombie(entry: Path) -> bool:
+def _stat_fields(entry: Path) -> list[str]:
+    """/proc/PID/stat after the command name: state, ppid, pgrp, session, …"""
     stat = (entry / "stat").read_text()
-    return stat[stat.rindex(")") + 2 :].startswith("Z")
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _zombie(entry: Path) -> bool:
+    return _stat_fields(entry)[0] == "Z"
 
 
 def _alive(pid: int) -> bool:

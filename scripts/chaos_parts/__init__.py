@@ -1,0 +1,1 @@
+"""The chaos run (scripts/chaos.py): its world, clients, faults and figures."""
