@@ -14,6 +14,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 
@@ -104,7 +105,7 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
         export = _export(source, structure, options, max_context, progress)
         ops = check_decoder_graph(export.directory / "model.onnx", options.precision)
         quality = _verify(
-            export.key, verifier, budget, lambda e=export: verifier.export_system(e), progress, options.precision
+            export.key, verifier, budget, partial(verifier.export_system, export), progress, options.precision
         )
         candidates.append(quality)
         if quality.passes:
@@ -251,7 +252,9 @@ def _parity(structure: StructureResult, verifier: Verifier, progress: StepProgre
     key = digest_of("parity", VERIFY_VERSION, structure.key, verifier.max_positions, verifier.reference_name)
 
     def measure() -> dict[str, object]:
-        with progress.step("reference", "run the fp32 reference over the quality texts, a few layers at a time") as step:
+        with progress.step(
+            "reference", "run the fp32 reference over the quality texts, a few layers at a time"
+        ) as step:
             verifier.reference(step.update)
         with progress.step("parity", "check the fp32 reference against PyTorch, one weight in memory at a time"):
             return asdict(verifier.parity())

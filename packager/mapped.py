@@ -8,6 +8,7 @@ process's resident set and stay in the page cache, where the next read finds the
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 from typing import Any
 
@@ -21,7 +22,6 @@ def release(array: Any) -> None:
         base = base.base
     mapping = getattr(base, "_mmap", None)
     if isinstance(mapping, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
-        try:
+        # A closed mapping, or a kernel without madvise: nothing to give back.
+        with contextlib.suppress(OSError, ValueError):
             mapping.madvise(mmap.MADV_DONTNEED)
-        except (OSError, ValueError):  # a closed mapping, or a kernel without madvise: nothing to give back
-            pass

@@ -78,9 +78,7 @@ class StepProgress:
         record.peak_rss = peak.bytes
         mark = "[dim](cached)[/]" if record.cached else ""
         memory = f", peak RSS {record.peak_rss / 2**30:.2f} GiB" if not record.cached else ""
-        self.console.print(
-            f"[green]✓[/] {description} {mark} [dim]{record.seconds:.1f}s{memory}[/]", highlight=False
-        )
+        self.console.print(f"[green]✓[/] {description} {mark} [dim]{record.seconds:.1f}s{memory}[/]", highlight=False)
 
     @contextmanager
     def _display(self, description: str, record: StepRecord) -> Iterator[StepHandle]:

@@ -36,21 +36,29 @@ SIZE_NOTES = (
 
 TARGET_FITS: tuple[TargetFit, ...] = (
     TargetFit(
-        "SmolLM2 135M (the demo, Q4_1)", "0.09 GB", "0.9 GB",
+        "SmolLM2 135M (the demo, Q4_1)",
+        "0.09 GB",
+        "0.9 GB",
         "everything: Lambda zip or image (with SnapStart), any Jetson, any CPU box",
     ),
     TargetFit(
-        "Llama 3.2 1B / Qwen 2.5 1.5B", "0.8–1.1 GB", "1.6–1.9 GB",
-        "Lambda image (2–3 GB memory; too big for SnapStart's 512 MB /tmp and for a zip), Jetson Orin Nano 8 GB, "
+        "Llama 3.2 1B / Qwen 2.5 1.5B",
+        "0.8-1.1 GB",
+        "1.6-1.9 GB",
+        "Lambda image (2-3 GB memory; too big for SnapStart's 512 MB /tmp and for a zip), Jetson Orin Nano 8 GB, "
         "any CPU box",
     ),
     TargetFit(
-        "Llama 3.2 3B / Qwen 2.5 3B", "2.0 GB", "2.8 GB",
+        "Llama 3.2 3B / Qwen 2.5 3B",
+        "2.0 GB",
+        "2.8 GB",
         "Lambda image (4 GB+ memory), Jetson Orin Nano 8 GB (shared with the GPU), CPU box with 4 GB+",
     ),
     TargetFit(
-        "Llama 3.1 8B / Qwen 2.5 7B / Mistral 7B", "4.7–4.9 GB", "5.5–5.7 GB",
-        "Lambda image at 8–10 GB memory (slow: CPU only), Jetson AGX Orin / Orin NX 16 GB, CPU box with 8 GB+, "
+        "Llama 3.1 8B / Qwen 2.5 7B / Mistral 7B",
+        "4.7-4.9 GB",
+        "5.5-5.7 GB",
+        "Lambda image at 8-10 GB memory (slow: CPU only), Jetson AGX Orin / Orin NX 16 GB, CPU box with 8 GB+, "
         "a GPU with 8 GB+ (SageMaker ml.g5)",
     ),
 )

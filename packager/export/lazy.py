@@ -48,7 +48,7 @@ class LazyTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, meta: torch.Tensor, recipe: Recipe) -> LazyTensor:
         tensor = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
-            cls, meta.shape, strides=meta.stride(), dtype=meta.dtype, device="cpu", requires_grad=False
+            cls, meta.shape, strides=meta.stride(), dtype=meta.dtype, device=torch.device("cpu"), requires_grad=False
         )
         tensor._meta = meta
         tensor.recipe = recipe
@@ -58,7 +58,9 @@ class LazyTensor(torch.Tensor):
         return f"LazyTensor({tuple(self.shape)}, {self.dtype}, {self.recipe.describe()})"
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(  # type: ignore[override]
+        cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
         kwargs = kwargs or {}
         if str(func) in _SCALAR_READS:
             real_args, real_kwargs = tree_map(_computed, (args, kwargs))
@@ -153,7 +155,7 @@ def _to_meta(value: Any) -> Any:
 _LOADER: list[Loader] = []
 
 
-class loading:  # noqa: N801 (a context manager, named as one)
+class loading:
     """Within it, a lazy tensor read as a scalar is computed with `loader`."""
 
     def __init__(self, loader: Loader) -> None:

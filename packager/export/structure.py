@@ -33,6 +33,7 @@ from packager.export.architectures import adapt_builder_config
 from packager.export.lazy import LazyTensor, Recipe, loading, make_lazy, to_json
 from packager.export.materialize import RECIPES_FILE, STRUCTURE_FILE
 from packager.sources.weights import load_any, open_weights
+
 _DTYPES = {torch.float32: ir.DataType.FLOAT, torch.float16: ir.DataType.FLOAT16, torch.bfloat16: ir.DataType.BFLOAT16}
 
 

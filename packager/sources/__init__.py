@@ -51,7 +51,9 @@ def resolve_source(source: str, function_dir: Path, progress: StepProgress) -> S
         what = "merge the split shards" if located.kind == "split" else "join the parts"
         with progress.step("assemble", f"{what} of {located.name} ({len(located.paths)} files)"):
             gguf_path, sha256 = assemble(located, source)
-    hf_dir, key, reused = gguf_config_folder(gguf_path, sha256, source, progress, tokenizer_from=located.paths[0].parent)
+    hf_dir, key, reused = gguf_config_folder(
+        gguf_path, sha256, source, progress, tokenizer_from=located.paths[0].parent
+    )
     return SourceModel(hf_dir=hf_dir, origin=str(located.paths[0]), content_key=key, reused=reused, gguf_file=gguf_path)
 
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 import numpy as np
 from tokenizers import Tokenizer
 
-from packager.export.builder import ExportResult, StructureResult, precision_rewrite
 from packager.export.builder import ExportOptions as _ExportOptions
+from packager.export.builder import ExportResult, StructureResult, precision_rewrite
 from packager.sources import SourceModel
 from packager.verify.quality import (
     TIE_MARGIN,
@@ -135,4 +135,3 @@ class Verifier:
             feeds[names["past_key_names"] % layer] = empty
             feeds[names["past_value_names"] % layer] = empty
         return feeds
-

@@ -88,7 +88,9 @@ def compare(candidate: Scores, reference: Scores, precision: str, budget: Qualit
     kl_per_position: list[np.ndarray] = []
     for ours, theirs in zip(candidate.answers, reference.answers, strict=True):
         if ours.shape[-1] != theirs.shape[-1]:
-            raise ValueError(f"the candidate predicts over {ours.shape[-1]} tokens, the reference over {theirs.shape[-1]}")
+            raise ValueError(
+                f"the candidate predicts over {ours.shape[-1]} tokens, the reference over {theirs.shape[-1]}"
+            )
         reference_probs = np.exp(theirs.astype(np.float64))
         kl_per_position.append(np.sum(reference_probs * (theirs.astype(np.float64) - ours), axis=-1))
         same = ours.argmax(axis=-1) == theirs.argmax(axis=-1)

@@ -37,10 +37,19 @@ Keep = Callable[[int, np.ndarray], np.ndarray]  # (sequence index, its logits [S
 class System(Protocol):
     """A graph whose weights can be had a segment at a time."""
 
-    name: str
-    graph: onnx.GraphProto
-    opsets: list[onnx.OperatorSetIdProto]
-    prepack: bool  # whether ONNX Runtime may pack the weights (a copy: worth it for block-quantized matmuls)
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def graph(self) -> onnx.GraphProto: ...
+
+    @property
+    def opsets(self) -> list[onnx.OperatorSetIdProto]: ...
+
+    @property
+    def prepack(self) -> bool:
+        """Whether ONNX Runtime may pack the weights (a copy: worth it for block-quantized matmuls)."""
+        ...
 
     def weight_bytes(self, node: NodeProto) -> int: ...
 
@@ -72,15 +81,15 @@ class ExportSystem:
         return onnx.load(str(self.directory / "model.onnx"), load_external_data=False)
 
     @property
-    def graph(self) -> onnx.GraphProto:  # type: ignore[override]
+    def graph(self) -> onnx.GraphProto:
         return self._model.graph
 
     @property
-    def opsets(self) -> list[onnx.OperatorSetIdProto]:  # type: ignore[override]
+    def opsets(self) -> list[onnx.OperatorSetIdProto]:
         return list(self._model.opset_import)
 
     @cached_property
-    def prepack(self) -> bool:  # type: ignore[override]
+    def prepack(self) -> bool:
         return any(n.op_type == "MatMulNBits" for n in self.graph.node)
 
     @cached_property

@@ -46,11 +46,11 @@ class Sequences:
 
 def load_prompts() -> list[list[dict[str, str]]]:
     """The fixed chat prompts, each a list of `{"role", "content"}` messages."""
-    return [prompt["messages"] for prompt in _prompt_data()]
+    return [prompt["messages"] for prompt in _prompt_data()]  # type: ignore[misc]
 
 
 def load_answers() -> list[str]:
-    return [prompt["answer"] for prompt in _prompt_data()]
+    return [str(prompt["answer"]) for prompt in _prompt_data()]
 
 
 def _prompt_data() -> list[dict[str, object]]:

@@ -54,7 +54,9 @@ def test_the_model_comes_from_its_own_source_with_the_functions_export_options(
 
     structure = StructureResult(tmp_path / "structure", "structure-key", True)
 
-    def export_decoder(source: SourceModel, of: StructureResult, options: ExportOptions, max_positions: int) -> ExportResult:
+    def export_decoder(
+        source: SourceModel, of: StructureResult, options: ExportOptions, max_positions: int
+    ) -> ExportResult:
         assert (source.hf_dir, source.content_key, of) == (hf_dir, "content", structure)
         return ExportResult(tmp_path / options.precision, options, f"key-{options.precision}", True, {})
 

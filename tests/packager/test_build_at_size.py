@@ -40,7 +40,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
     import os
 
     env = {**os.environ, "ONNXFN_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
-    generate = [sys.executable, "-c", "from packager.synthetic import synthetic_gguf; print(synthetic_gguf('llama-3.2-1b'))"]
+    generate = [
+        sys.executable,
+        "-c",
+        "from packager.synthetic import synthetic_gguf; print(synthetic_gguf('llama-3.2-1b'))",
+    ]
     gguf = Path(subprocess.run(generate, env=env, check=True, capture_output=True, text=True).stdout.strip())
     spec = f'[export]\nprecision = "gguf"\nmax_context = 1024\n{GATE}[runtime]\nkv_memory_mb = 64\n'
     function = write_function(root, "synthetic-1b", f"gguf:{gguf}", spec)

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from gguf import GGMLQuantizationType
@@ -23,8 +22,8 @@ from packager.export.external_data import WeightFile
 from packager.export.gguf.blocks import read_blocks, supported_types
 from packager.export.gguf.operators import GraphBuilder, loaded
 from packager.export.materialize import Rewrite, Structure
-from packager.sources.weights import GgufWeights
 from packager.progress import StepProgress
+from packager.sources.weights import GgufWeights
 from packager.spec import load_spec
 from runtime.bundle import open_bundle
 from tests.fixtures.gguf_bundle import BundleWeights, GgufSource

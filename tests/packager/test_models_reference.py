@@ -11,7 +11,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_models_doc_is_current() -> None:
-    assert REFERENCE_PATH.read_text() == render_markdown(), "docs/models.md is stale: run python -m packager.models_reference"
+    assert REFERENCE_PATH.read_text() == render_markdown(), (
+        "docs/models.md is stale: run python -m packager.models_reference"
+    )
 
 
 def test_every_supported_architecture_is_tested_and_every_refused_one_says_why() -> None:

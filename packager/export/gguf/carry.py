@@ -318,9 +318,7 @@ def _dead_nodes(graph: Any, matches: dict[str, _Match]) -> set[str]:
         dead |= newly
 
 
-def _weight_of(
-    node: NodeProto, weights: dict[str, Any], producers: dict[str, NodeProto]
-) -> tuple[str, bool] | None:
+def _weight_of(node: NodeProto, weights: dict[str, Any], producers: dict[str, NodeProto]) -> tuple[str, bool] | None:
     """The recorded weight a MatMul multiplies by or a Gather looks up, and whether the node reads it transposed
     (a tied embedding's Gather reads lm_head's `[K, vocab]` weight through a Transpose); else None."""
     if node.op_type == "MatMul" and node.input[1] in weights and len(weights[node.input[1]]["shape"]) == 2:

@@ -126,7 +126,7 @@ class GraphBuilder:
             if data_type != TensorProto.FLOAT:
                 stored = self.node("Cast", [stored], f"{key}.T/float", f"{name}/Cast", to=TensorProto.FLOAT)
             return self.node("MatMul", [x, stored], output, name)
-        bits, block_size, has_zero, has_residual = ref.layout  # type: ignore[misc]
+        bits, block_size, has_zero, has_residual = _block_layout(ref)
         inputs = [x, self._packed_blocks(ref), self.constant(f"{key}.scales", lambda: _blocks(ref).scales)]
         if has_zero:
             inputs.append(self.constant(f"{key}.zero_points", lambda: pack_zero_points(_blocks(ref))))
@@ -138,7 +138,8 @@ class GraphBuilder:
         if not has_residual:
             return output
         residual = self.constant(
-            f"{key}.residual_t", lambda: np.ascontiguousarray(_blocks(ref).residual.T)  # type: ignore[union-attr]
+            f"{key}.residual_t",
+            lambda: np.ascontiguousarray(_blocks(ref).residual.T),  # type: ignore[union-attr]
         )
         sums = self._block_sum(x, k, block_size, name)
         correction = self.node("MatMul", [sums, residual], f"{output}/residual", f"{name}/residual/MatMul")
@@ -172,7 +173,7 @@ class GraphBuilder:
                 table = self.node("Cast", [table], f"{key}.table/float", f"{name}/Cast", to=TensorProto.FLOAT)
             self.node("Gather", [table, indices], output, name)
             return
-        bits, block_size, has_zero, has_residual = ref.layout  # type: ignore[misc]
+        bits, block_size, has_zero, has_residual = _block_layout(ref)
         packed = self._packed_blocks(ref)
         data = f"{packed}.rows"
         if data not in self.weights:
@@ -198,6 +199,12 @@ class GraphBuilder:
         summed = self.node("Add", [grouped, column], f"{output}/corrected", f"{name}/residual/Add")
         flat = self.constant(f"gguf.shape.flat{k}", np.array([0, 0, k]))
         self.node("Reshape", [summed, flat], output, f"{name}/residual/Flatten")
+
+
+def _block_layout(ref: WeightRef) -> tuple[int, int, bool, bool]:
+    """A block weight's layout: (container bits, block size, has zero points, has a residual)."""
+    layout: tuple[int, int, bool, bool] = ref.layout  # type: ignore[assignment]
+    return int(layout[0]), int(layout[1]), bool(layout[2]), bool(layout[3])
 
 
 def _blocks(ref: WeightRef) -> BlockWeight:
