@@ -141,20 +141,21 @@ class Lifecycle:
 
     async def _restart(self, function: Function) -> None:
         await function.close()
-        noted = await asyncio.to_thread(supervise.record_crash, function.directory)
-        if noted is None:
-            raise idle.NotIdle(f"{function.name} is no longer deployed")
-        await self.registry.update(function.directory, noted)
-        pause = crashes.backoff(noted, time.time())
-        ended = not server_process.serves_bundle(noted.pid, noted.bundle)
-        if ended and pause > 0 and crashes.crashloop_left(noted, time.time()) <= 0:
-            log.info("%s ended again (%s): starting it in %.1f s", function.name, noted.crash_reason, pause)
-            await asyncio.sleep(pause)
         started = time.monotonic()
         try:
+            noted = await asyncio.to_thread(supervise.record_crash, function.directory)
+            if noted is None:
+                raise idle.NotIdle(f"{function.name} is no longer deployed")
+            await self.registry.update(function.directory, noted)
+            pause = crashes.backoff(noted, time.time())
+            ended = not server_process.serves_bundle(noted.pid, noted.bundle)
+            if ended and pause > 0 and crashes.crashloop_left(noted, time.time()) <= 0:
+                log.info("%s ended again (%s): starting it in %.1f s", function.name, noted.crash_reason, pause)
+                await asyncio.sleep(pause)
+            started = time.monotonic()
             deployment = await asyncio.to_thread(supervise.restart, function.directory)
         except Exception as exc:
-            log.error("could not start %s again: %s", function.name, str(exc).splitlines()[0])
+            log.error("could not start %s again: %s", function.name, str(exc).splitlines()[0] if str(exc) else exc)
             await self.registry.refresh(force=True)  # the record says how it ended
             raise
         function.last_wake_seconds = time.monotonic() - started

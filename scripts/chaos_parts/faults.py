@@ -105,15 +105,24 @@ class Faults:
     # the faults
 
     def kill_server(self) -> Fault:
-        running = [f for f in self.world.functions.values() if self._running_pid(f)]
-        if not running:
-            return Fault("kill_server", "none running", time.monotonic(), 0.0, "every function was idle")
-        function = self.random.choice(running)
+        """SIGKILL a function's server while it streams an answer (the stream is started here, waking it if it
+        was idle): the stream must end with an error event, never as if it were whole."""
+        function = self.random.choice([f for f in self.world.functions.values() if f.kind != "embed"])
+        outcome: list[str] = []
+        streaming = threading.Event()
+        streamer = threading.Thread(target=_stream_until_told, args=(self.world, function, streaming, outcome))
+        streamer.start()
+        if not streaming.wait(60):
+            streamer.join(120)
+            return Fault("kill_server", function.kind, time.monotonic(), None, f"no stream to cut: {outcome}")
         pid = self._running_pid(function)
-        assert pid is not None
         at = time.monotonic()
-        _kill_group(pid)
-        return self._recovered(Fault("kill_server", function.kind, at), function)
+        if pid is not None:
+            _kill_group(pid)
+        streamer.join(120)
+        fault = self._recovered(Fault("kill_server", function.kind, at), function)
+        fault.note = f"the stream in flight: {outcome[0] if outcome else 'no outcome (hung)'}"
+        return fault
 
     def kill_gateway(self) -> Fault:
         pid = self.world.gateway_pid()
@@ -136,8 +145,8 @@ class Faults:
         # A redeploy on the full disk: its record, its log and its process snapshot have nowhere to go. The
         # traffic runs on meanwhile: idle stops (each dumps a snapshot) and wakes hit the full disk too.
         deployed = self.world.pkg("deploy", str(function.folder))
-        said = " ".join(deployed.stderr.split())
-        how = "a traceback" if "Traceback" in said else said[-160:] if deployed.returncode else "a warning"
+        last = deployed.stderr.strip().splitlines()[-1:] or [""]
+        how = "a traceback" if "Traceback" in deployed.stderr else last[0][:200] if deployed.returncode else "no error"
         time.sleep(max(0.0, at + DISK_FULL_S - time.monotonic()))
         filler.unlink()
         freed = time.monotonic()
@@ -248,6 +257,29 @@ class Faults:
                 return fault
             time.sleep(0.1)
         return fault
+
+
+def _stream_until_told(world: World, function: Function, streaming: threading.Event, outcome: list[str]) -> None:
+    """A long streamed answer; `streaming` is set at its first chunk; how it ended goes into `outcome`."""
+    body = {"model": function.model, "messages": [{"role": "user", "content": "Tell a long story."}]}
+    body.update({"max_tokens": 400, "stream": True})
+    done, error = False, ""
+    try:
+        with httpx.stream(
+            "POST", world.gateway_url + "/v1/chat/completions", json=body,
+            headers={"authorization": f"Bearer {function.key}"}, timeout=httpx.Timeout(60.0, connect=5.0),
+        ) as events:  # fmt: skip
+            for line in events.iter_lines():
+                if line.startswith("data:"):
+                    streaming.set()
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data:") and '"error"' in line:
+                    error = json.loads(line.removeprefix("data:"))["error"].get("code") or "error"
+    except httpx.HTTPError as exc:
+        outcome.append(f"the connection broke ({type(exc).__name__})")
+        return
+    outcome.append(f"error event {error}" if error else "[DONE] (not cut)" if done else "TRUNCATED as if whole")
 
 
 def _probe(world: World, function: Function) -> bool:

@@ -156,6 +156,8 @@ def markdown(figures: Figures, command: str, machine: str) -> str:
         )
     lines += [
         "",
+        _cut_streams(figures.faults),
+        "",
         "Recovery: from the fault (a full disk: from the moment it had space again) until a probe to the",
         "function concerned succeeded (probing every 0.1 s); for `redeploy`, how long `pkg deploy` took (its",
         "traffic's failures are in the table above); for `kill_worker`, until a probe message's result landed.",
@@ -200,6 +202,13 @@ def markdown(figures: Figures, command: str, machine: str) -> str:
     if figures.notes:
         lines += ["", "## Notes", "", *(f"- {note}" for note in figures.notes)]
     return "\n".join(lines) + "\n"
+
+
+def _cut_streams(faults: list[Fault]) -> str:
+    """What the streams in flight when `kill_server` struck saw."""
+    seen = Counter(fault.note.removeprefix("the stream in flight: ") for fault in faults if fault.kind == "kill_server")
+    said = ", ".join(f"{outcome}: {count}" for outcome, count in seen.most_common()) or "none"
+    return f"Each `kill_server` struck while a stream from that server was under way; how those ended: {said}."
 
 
 def _listed(items: list[str]) -> str:
