@@ -127,6 +127,7 @@ class Lifecycle:
     async def _wake(self, function: Function) -> None:
         started = time.monotonic()
         await function.close()
+        await self.registry.refresh(force=True)  # a corrupt record is written back before the wake reads it
         try:
             deployment = await asyncio.to_thread(idle.resume, function.directory)
         except Exception:
@@ -141,6 +142,7 @@ class Lifecycle:
 
     async def _restart(self, function: Function) -> None:
         await function.close()
+        await self.registry.refresh(force=True)  # as for a wake
         started = time.monotonic()
         try:
             noted = await asyncio.to_thread(supervise.record_crash, function.directory)

@@ -128,6 +128,19 @@ def test_client_mistakes_are_openai_shaped_4xx(served: tuple[str, Path]) -> None
     assert "pkg status /project/functions/beta" in down.json()["error"]["message"]
 
 
+def test_a_corrupt_record_is_written_back_and_its_function_keeps_serving(served: tuple[str, Path]) -> None:
+    """A `state.json` cut short (as by a crash mid-write, or the chaos run): the gateway keeps routing to the
+    server it knew and writes the record it read last back."""
+    url, root = served
+    state = next((root / "functions").glob("alpha-*")) / "state.json"
+    good = json.loads(state.read_text())
+    state.write_text(state.read_text()[:40])
+    time.sleep(REFRESH_SECONDS + 0.1)  # records are read again at most that often
+    answer = httpx.post(f"{url}/v1/embeddings", json={"model": "alpha", "input": "x"}, headers=bearer("key-a"))
+    assert answer.status_code == 200 and answer.headers["x-upstream"] == "yes"
+    assert json.loads(state.read_text()) == good
+
+
 def test_two_functions_of_one_name_are_refused_by_name(served: tuple[str, Path]) -> None:
     url, root = served
     record(root, "alpha", "http://127.0.0.1:9", "key-a", folder="other-alpha")
