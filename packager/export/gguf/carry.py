@@ -20,8 +20,9 @@ from onnx import NodeProto, TensorProto
 
 from packager.export.gguf.blocks import BlockWeight, read_blocks, supported_types
 from packager.export.gguf.operators import FloatWeight, GraphBuilder, Weight, WeightRef
-from packager.export.lazy import Recipe, leaves, row_sources
+from packager.export.lazy import Recipe, leaves
 from packager.export.materialize import Rewrite, Sink
+from packager.export.recipe_rows import row_sources
 from packager.sources.weights import GgufWeights
 
 FLOAT_TYPES = {
