@@ -75,6 +75,7 @@ def main() -> int:
         traffic = Traffic(world, until, rng.randrange(1 << 30))
         traffic.start()
         say(f"traffic and faults for {args.minutes:g} minutes (workspace {root})")
+        world.notes.append(f"load average when the traffic started: {_load()} (2 cores shared with other work)")
         while time.monotonic() < until - 25:
             time.sleep(rng.uniform(8.0, 20.0))
             kind = faults.next_kind()
@@ -82,12 +83,14 @@ def main() -> int:
             recovered = "never" if fault.recovery_s is None else f"{fault.recovery_s:.2f} s"
             say(f"{kind} ({fault.target}): recovered in {recovered} {fault.note}")
         traffic.join()
+        world.notes.append(f"load average when it ended: {_load()}")
         say("traffic over; waiting for the queue to settle")
         queue = _settle_queue(world, traffic.sent_messages)
     finally:
         stop_sampling.set()
         supervisor.stop()
         leftovers, orphans = _teardown(world, args.logs)
+        shutil.rmtree(root, ignore_errors=True)
     calls = traffic.calls if traffic is not None else []
     figures = Figures(
         time.monotonic() - started, calls, faults.done, samples, queue, orphans, leftovers, supervisor.restarts
@@ -102,8 +105,11 @@ def main() -> int:
         command = f".venv/bin/python scripts/chaos.py --minutes {args.minutes:g} --seed {args.seed}"
         machine = f"{platform.node()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}"
         args.markdown.write_text(markdown(figures, command, machine))
-    shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def _load() -> str:
+    return ", ".join(f"{value:.1f}" for value in os.getloadavg()) + " (1, 5, 15 min)"
 
 
 def _sample(world: World, samples: list[Sample], started: float, stop: threading.Event) -> None:

@@ -175,9 +175,15 @@ def make_peft(dest: Path) -> Path:
         from transformers import AutoModelForCausalLM
         from packager.progress import StepProgress
         from packager.sources import resolve_source
+        from packager.sources.gguf import dequantized_folder
         from packager.spec import load_spec
+        from runtime.bundle import file_digest
         demo = {str(REPO / "functions" / "smollm2-chat")!r}
-        hf_dir = resolve_source(load_spec(demo).model.source, demo, StepProgress()).hf_dir
+        spec = load_spec(demo)
+        gguf = resolve_source(spec.model.source, demo, StepProgress()).gguf_file
+        hf_dir = dequantized_folder(
+            gguf, file_digest(gguf).sha256, spec.model.source, StepProgress(), tokenizer_from=gguf.parent
+        )[0]
         torch.manual_seed(7)
         model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
         config = LoraConfig(r=4, lora_alpha=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
