@@ -90,13 +90,14 @@ def main() -> int:
         stop_sampling.set()
         supervisor.stop()
         leftovers, orphans = _teardown(world, args.logs)
+        events = _gateway_events(world)  # its log, before the workspace goes
         shutil.rmtree(root, ignore_errors=True)
     calls = traffic.calls if traffic is not None else []
     figures = Figures(
         time.monotonic() - started, calls, faults.done, samples, queue, orphans, leftovers, supervisor.restarts
     )
     figures.notes += world.notes
-    figures.gateway_events = _gateway_events(world)
+    figures.gateway_events = events
     report = figures.to_json()
     print(json.dumps(report, indent=2))
     if args.json:
