@@ -89,8 +89,8 @@ def build_function(spec: FunctionSpec, progress: StepProgress) -> BuildResult | 
             f"{spec.model.source!r} is a model folder; use a gguf: source, or precision auto, int8, int4 or fp32",
             exit_code=2,
         )
-    architecture = check_architecture(source.hf_dir)
     max_context = spec.export.max_context
+    architecture = check_architecture(source.hf_dir, max_context)
     with progress.step("structure", "export the graph's structure (onnxruntime-genai builder, no weights)") as step:
         structure = export_structure(source)
         if structure.reused:

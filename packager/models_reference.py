@@ -30,6 +30,14 @@ quantized blocks precision `gguf` keeps exactly.
 An architecture is supported once a test builds a tiny model of its published config (every structural key kept:
 rope type and scaling, sliding windows, soft-capping, partial rotary, q/k norms, tied heads, biases) and checks it
 against transformers; the others are refused before the build starts, with the reason.
+
+Rope scaling: a bundle's rotary tables are the ones transformers' rotary embedding computes (linear, yarn with its
+attention factor, llama3, longrope, dynamic; per layer type for Gemma 3), checked against transformers past the
+original context. Two kinds depend on the sequence as well as the position. Longrope (Phi-3.5, Phi-4-mini) rotates
+a sequence with its short factors while it fits the original context and with its long factors once it is longer;
+a bundle holds one table for every sequence it serves, so one whose `max_context` fits the original context uses
+the short factors and a longer one the long factors at every position (as llama.cpp does for a context past it).
+Dynamic NTK rescales only past `max_position_embeddings`, which is as far as its `max_context` may go.
 """
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from packager.errors import UserError
+from packager.export.rotary import builder_rope, check_rope
 
 SUPPORTED, REFUSED = "supported", "refused"
 
@@ -43,7 +44,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         SUPPORTED,
         gguf="llama",
         exact_gguf=True,
-        rope=("default", "llama3"),
+        rope=("default", "llama3", "linear"),
         tested_by=_TESTS,
     ),
     Architecture(
@@ -55,16 +56,30 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         exact_gguf=True,
         tested_by=_TESTS,
     ),
-    Architecture("Qwen2ForCausalLM", "qwen2", "Qwen2, Qwen2.5", SUPPORTED, gguf="qwen2", tested_by=_TESTS),
+    Architecture(
+        "Qwen2ForCausalLM",
+        "qwen2",
+        "Qwen2, Qwen2.5",
+        SUPPORTED,
+        gguf="qwen2",
+        rope=("default", "yarn", "dynamic"),
+        tested_by=_TESTS,
+        notes=("dynamic NTK: max_context up to max_position_embeddings, where it is plain rope",),
+    ),
     Architecture("Qwen3ForCausalLM", "qwen3", "Qwen3 (dense)", SUPPORTED, gguf="qwen3", tested_by=_TESTS),
     Architecture(
         "Phi3ForCausalLM",
         "phi3",
-        "Phi-3 mini (4k)",
+        "Phi-3 mini, Phi-3.5 mini, Phi-4-mini",
         SUPPORTED,
         gguf="phi3",
+        rope=("default", "longrope"),
         tested_by=_TESTS,
-        notes=("fused q/k/v and gate/up",),
+        notes=(
+            "fused q/k/v and gate/up",
+            "partial rotary (Phi-4-mini)",
+            "longrope: the short factors while max_context fits the original context, else the long ones throughout",
+        ),
     ),
     Architecture("GemmaForCausalLM", "gemma", "Gemma", SUPPORTED, gguf="gemma", tested_by=_TESTS),
     Architecture(
@@ -79,12 +94,13 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture(
         "Gemma3ForCausalLM",
         "gemma3_text",
-        "Gemma 3 text (270M, 1B)",
+        "Gemma 3 text (270M, 1B; the 4B+ decoder)",
         SUPPORTED,
         gguf="gemma3",
         exact_gguf=True,
+        rope=("default", "linear"),
         tested_by=_TESTS,
-        notes=("sliding-window layers",),
+        notes=("sliding-window layers", "rope scaling per layer type (4B+: the global layers' only)"),
     ),
 )
 _BY_CLASS = {a.hf_class: a for a in ARCHITECTURES}
@@ -94,8 +110,9 @@ SUPPORTED_DECODERS: dict[str, str] = {a.hf_class: a.model_type for a in ARCHITEC
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 
-def architecture_of(config: dict[str, Any], where: str) -> Architecture:
-    """The registry's entry for a config.json, or a UserError saying why onnxfn cannot build it."""
+def architecture_of(config: dict[str, Any], where: str, max_context: int | None = None) -> Architecture:
+    """The registry's entry for a config.json, or a UserError saying why onnxfn cannot build it (into a bundle of
+    `max_context` positions, when given)."""
     hf_class = (config.get("architectures") or ["<none>"])[0]
     entry = _BY_CLASS.get(hf_class)
     if entry is None:
@@ -110,23 +127,13 @@ def architecture_of(config: dict[str, Any], where: str) -> Architecture:
             f"the nearest supported architecture is {entry.nearest}",
             exit_code=2,
         )
-    check_config(config, where)
+    check_config(config, where, max_context)
     return entry
 
 
-def check_config(config: dict[str, Any], where: str) -> None:
+def check_config(config: dict[str, Any], where: str, max_context: int | None = None) -> None:
     """Refuse, before exporting, a config.json whose model the builder would export wrongly."""
-    rope = config.get("rope_parameters")
-    if isinstance(rope, dict) and FULL in rope:
-        scaled = {kind: p.get("rope_type") for kind, p in rope.items() if p.get("rope_type", "default") != "default"}
-        if scaled:
-            # The builder makes the sliding layers' rotary cache with the full layers' scaling too.
-            raise UserError(
-                f"{where} scales rotary embeddings per layer type ({scaled}), which onnxfn cannot export yet: "
-                "onnxruntime-genai's builder would apply the full-attention scaling to the sliding-window layers "
-                "as well; use a model without rope scaling (Gemma 3 270M and 1B have none)",
-                exit_code=2,
-            )
+    check_rope(config, where, max_context)
 
 
 def adapt_builder_config(config: Any) -> None:
@@ -137,6 +144,8 @@ def adapt_builder_config(config: Any) -> None:
       where transformers 4 kept them.
     - A `sliding_window` without `layer_types` (Mistral, Phi-3): transformers windows every layer, the builder
       only the layers `layer_types` marks as sliding, so none; they are marked here.
+    - Rope scaling: only what lets the builder run (rotary.builder_rope); its rotary tables are replaced by
+      transformers' own (rotary.correct_tables).
     """
     window = getattr(config, "sliding_window", None)
     if window and getattr(config, "layer_types", None) is None:
@@ -146,3 +155,4 @@ def adapt_builder_config(config: Any) -> None:
         config.rope_parameters = dict(rope[FULL])
         if SLIDING in rope:
             config.rope_local_base_freq = rope[SLIDING]["rope_theta"]
+    builder_rope(config)

@@ -28,7 +28,7 @@ from packager.export.materialize import RECIPES_FILE, STRUCTURE_FILE, BlockQuant
 from packager.sources import SourceModel
 from runtime.bundle import file_digest
 
-STRUCTURE_VERSION = 2  # bump when the structure step changes meaning, to invalidate cached structures
+STRUCTURE_VERSION = 3  # bump when the structure step changes meaning, to invalidate cached structures
 EXPORT_VERSION = 3  # bump when the options below change meaning, to invalidate cached exports
 LOG_NAME = "builder.log"
 DIGESTS_NAME = "digests.json"
@@ -65,10 +65,11 @@ class ExportResult:
     digests: dict[str, dict[str, int | str]]  # file name -> {sha256, size}
 
 
-def check_architecture(hf_dir: Path) -> str:
-    """The model type of the folder's decoder, refused here (with the reason) when onnxfn cannot build it."""
+def check_architecture(hf_dir: Path, max_context: int | None = None) -> str:
+    """The model type of the folder's decoder, refused here (with the reason) when onnxfn cannot build it (into a
+    bundle of `max_context` positions, when given)."""
     config = json.loads((hf_dir / "config.json").read_text())
-    return architecture_of(config, f"{hf_dir}/config.json").model_type
+    return architecture_of(config, f"{hf_dir}/config.json", max_context).model_type
 
 
 def export_structure(source: SourceModel) -> StructureResult:

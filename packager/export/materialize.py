@@ -26,6 +26,7 @@ import onnx
 from onnx import NodeProto, TensorProto, helper, numpy_helper
 
 from packager.export.lazy import Recipe, evaluate, from_json, leaves
+from packager.export.rotary import table_for
 from packager.sources.weights import WeightSource, load_any
 
 MS_DOMAIN = "com.microsoft"
@@ -159,9 +160,11 @@ class Rewrite:
             dtype = _TORCH_TO_ONNX[self.structure.weights[name]["dtype"]]
             sink.add(name, self.weight(name), None if dtype == TensorProto.FLOAT else dtype)
             return
-        array = self.structure.builder_array(name)
-        if name in self.structure.max_positions_inputs():
-            array = array[: self.max_positions]  # the builder's tables cover the model's whole context
+        if name in self.structure.max_positions_inputs():  # the tables cover the model's whole context
+            names = set(self.structure.builder_initializers)
+            array = table_for(name, self.max_positions, self.structure.builder_array, names)
+        else:
+            array = self.structure.builder_array(name)
         tensor = self.structure.builder_initializers[name]
         sink.add(name, array, tensor.data_type if tensor.data_type == TensorProto.BFLOAT16 else None)
 

@@ -6,10 +6,12 @@ builder's own command line (fp32, CPU) with three of its steps replaced:
   `init_empty_weights`) and every parameter becomes a lazy leaf named after it (lazy.py), so the builder
   walks the real architecture with no weight in memory;
 - registering an initializer: a lazy one is recorded as a recipe (the builder's own arithmetic on named
-  source tensors) instead of being stored; the rest (rotary tables, constants computed from the config) are
-  kept as the builder made them;
-- saving: `structure.onnx` is the graph without the recorded weights (its nodes name them; `weights.json`
-  gives each one's dtype, shape and recipe), beside the builder's genai_config.json and tokenizer files.
+  source tensors) instead of being stored; the rest (constants computed from the config) are kept as the
+  builder made them;
+- saving: the rotary tables become those transformers' rotary embedding computes (rotary.py: the builder's are
+  wrong for several kinds of rope scaling); `structure.onnx` is the graph without the recorded weights (its
+  nodes name them; `weights.json` gives each one's dtype, shape and recipe), beside the builder's
+  genai_config.json and tokenizer files.
 
 The few weight values the builder itself reads (whether a bias is all zeros) are computed from the source
 named by `--weights` (sources/weights.py). The builder still reads config.json the way
@@ -32,6 +34,7 @@ from onnxruntime_genai.models import builder
 from packager.export.architectures import adapt_builder_config
 from packager.export.lazy import LazyTensor, Recipe, loading, make_lazy, to_json
 from packager.export.materialize import RECIPES_FILE, STRUCTURE_FILE
+from packager.export.rotary import correct_tables
 from packager.sources.weights import load_any, open_weights
 
 _DTYPES = {torch.float32: ir.DataType.FLOAT, torch.float16: ir.DataType.FLOAT16, torch.bfloat16: ir.DataType.BFLOAT16}
@@ -44,6 +47,7 @@ class _Recorder:
         self.source = open_weights(weights)
         self.recipes: dict[str, dict[str, Any]] = {}
         self.lazy: dict[str, Recipe] = {}
+        self.model: Any = None  # the transformers model the builder walks
 
     def load(self, name: str) -> torch.Tensor:
         return load_any(self.source, [name])
@@ -62,6 +66,7 @@ def _patch(model_class: Any, recorder: _Recorder) -> None:
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.tie_weights()  # a tied lm_head is then one leaf with the embedding (its source has only that)
         make_lazy(model)
+        recorder.model = model
         return model
 
     def make_initializer(self: Any, tensor: Any, /, name: str, *, to: Any = None, raw: bool = False) -> None:
@@ -76,6 +81,7 @@ def _patch(model_class: Any, recorder: _Recorder) -> None:
         recorder.recipes[name] = {"dtype": ir.DataType(dtype).name, "shape": list(tensor.shape)}
 
     def save_model(self: Any, out_dir: str) -> None:
+        correct_tables(self.model.graph, recorder.model, getattr(recorder.model.config, "layer_types", None))
         self.model.graph.sort()
         proto = ir.serde.serialize_model(self.model)
         onnx.save(
@@ -92,6 +98,9 @@ def _patch(model_class: Any, recorder: _Recorder) -> None:
         return details
 
     model_class.load_weights = load_weights
+    # The builder's rescaled frequencies only feed rotary tables that are replaced by transformers' own (rotary.py);
+    # its yarn rescaling divides by a missing beta_fast/beta_slow and asserts on small rotary dimensions.
+    model_class.make_inv_freq_rescaled = lambda self, inv_freq: inv_freq
     model_class.make_initializer = make_initializer
     model_class.save_model = save_model
     builder.get_hf_details = adapted_hf_details

@@ -114,7 +114,8 @@ class Verifier:
 
     def parity(self, adapt: Adapt | None = None, progress: Progress | None = None) -> ReferenceParity:
         reference = self.reference(progress)
-        torch = torch_scores(self.source.hf_dir, self.source.weights(), self.sequences, adapt=adapt)
+        weights = self.source.weights()
+        torch = torch_scores(self.source.hf_dir, weights, self.sequences, self.max_positions, adapt=adapt)
         return parity(reference, torch)
 
     def evaluate(

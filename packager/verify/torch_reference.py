@@ -41,14 +41,24 @@ class _SourceWeights(Mapping[str, Any]):
 
 
 def torch_scores(
-    config_dir: Path, source: WeightSource, sequences: Sequences, *, threads: int = 2, adapt: Adapt | None = None
+    config_dir: Path,
+    source: WeightSource,
+    sequences: Sequences,
+    max_positions: int,
+    *,
+    threads: int = 2,
+    adapt: Adapt | None = None,
 ) -> Scores:
-    """PyTorch's log-probabilities over each prompt's answer (the held-out text is not needed for parity)."""
+    """PyTorch's log-probabilities over each prompt's answer (the held-out text is not needed for parity), as a
+    bundle of `max_positions` positions computes them (rotary.bundle_config: a longrope model past its original
+    context rotates every sequence with the long factors)."""
     import torch
     from accelerate import cpu_offload, init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(config_dir)
+    from packager.export.rotary import bundle_config
+
+    config = bundle_config(AutoConfig.from_pretrained(config_dir), max_positions)
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.tie_weights()
