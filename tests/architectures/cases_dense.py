@@ -185,7 +185,8 @@ DENSE_CASES: tuple[Case, ...] = (
             "rope_theta": 10000,
             "tie_word_embeddings": False,
         },
-        shrink={"head_dim": 32},  # 16 rotary dimensions: 8 frequencies
+        # head_dim = hidden / heads as published, 32: 16 rotary dimensions, 8 frequencies.
+        shrink={"hidden_size": 128, "head_dim": 32},
     ),
     Case(
         "phi-2",
@@ -265,3 +266,19 @@ DENSE_CASES: tuple[Case, ...] = (
         shrink={"head_dim": 16},
     ),
 )
+
+# The GGUF twin of each dense case whose architecture llama.cpp converts and transformers 5.23 reads back from a
+# GGUF (its GGUF_CONFIG_MAPPING): test_gguf_decoders.py writes it with tests/fixtures/hf_to_gguf.py. Rows of 256
+# and more so that K-quant blocks fit; where transformers' GGUF reader takes a value from its config defaults
+# rather than the file (Qwen3's and Gemma's head_dim, Gemma's query_pre_attn_scalar, Phi-3's original context)
+# the published value is kept, so that the file means what llama.cpp reads in it.
+GGUF_SIZES: dict[str, object] = {"hidden_size": 256, "intermediate_size": 512}
+GGUF_TWINS: dict[str, dict[str, object]] = {
+    "smollm2": {"num_attention_heads": 4, "num_key_value_heads": 2},
+    "qwen2-5": {},
+    "qwen3": {"head_dim": 128},
+    "phi3-mini-4k": {"max_position_embeddings": 4096, "original_max_position_embeddings": 4096},
+    "gemma2": {"head_dim": 256, "query_pre_attn_scalar": 256},
+    "gemma3-1b": {"head_dim": 256, "query_pre_attn_scalar": 256},
+    "nemotron-mini": {"num_attention_heads": 8, "head_dim": 32},
+}
