@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from packager.errors import UserError
+from packager.export.builder_fixes import fix_config
 from packager.export.rotary import builder_rope, check_rope
 
 SUPPORTED, REFUSED = "supported", "refused"
@@ -32,9 +33,63 @@ class Architecture:
     nearest: str = ""  # for a refused one: the supported architecture closest to it
     tested_by: str = ""  # the test that proves a supported one
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # config.json keys whose set value the builder ignores (the export would be wrong): (key, what it does)
+    refused_keys: tuple[tuple[str, str], ...] = ()
 
 
 _TESTS = "tests/architectures/test_decoders.py"
+_REMOTE = "transformers 5.23 has no such model class (its checkpoints need trust_remote_code, which onnxfn never runs)"
+_STATE = (
+    "besides the KV cache its {layers} layers carry a per-sequence {state}, which onnxfn's engine (a KV pool, prefix "
+    "cache and snapshots, all indexed by position) does not hold"
+)
+_MULTIMODAL = "a multimodal wrapper whose text decoder onnxfn does not split out"
+
+# Text decoders (and wrappers of one) the builder exports that onnxfn refuses, each with why.
+_REFUSED_DENSE: tuple[Architecture, ...] = (
+    Architecture("ChatGLMModel", "chatglm", "ChatGLM2/3 6B", REFUSED, gguf="chatglm", reason=_REMOTE,
+                 nearest="LlamaForCausalLM"),
+    Architecture("ChatGLMForConditionalGeneration", "chatglm", "ChatGLM (quantized checkpoints)", REFUSED,
+                 gguf="chatglm", reason=_REMOTE, nearest="LlamaForCausalLM"),
+    Architecture("InternLM2ForCausalLM", "internlm2", "InternLM2, InternLM2.5", REFUSED, gguf="internlm2",
+                 reason=_REMOTE, nearest="LlamaForCausalLM"),
+    Architecture("Phi3SmallForCausalLM", "phi3small", "Phi-3 small", REFUSED,
+                 reason=_REMOTE + "; block-sparse attention", nearest="Phi3ForCausalLM"),
+    Architecture("VideoChatFlashQwenForCausalLM", "qwen2", "VideoChat-Flash", REFUSED,
+                 reason=_REMOTE + "; a video-language model", nearest="Qwen2ForCausalLM"),
+    Architecture("Lfm2ForCausalLM", "lfm2", "LFM2 (Liquid AI)", REFUSED, gguf="lfm2",
+                 reason=_STATE.format(layers="short-convolution", state="convolution state (`past.conv`)"),
+                 nearest="LlamaForCausalLM"),
+    Architecture("Lfm2VlForConditionalGeneration", "lfm2_vl", "LFM2-VL", REFUSED,
+                 reason=_MULTIMODAL + "; " + _STATE.format(layers="short-convolution", state="convolution state"),
+                 nearest="LlamaForCausalLM"),
+    Architecture("Lfm2AudioForConditionalGeneration", "lfm2_audio", "LFM2-Audio", REFUSED,
+                 reason=_MULTIMODAL + "; " + _STATE.format(layers="short-convolution", state="convolution state"),
+                 nearest="LlamaForCausalLM"),
+    Architecture("Qwen3_5ForConditionalGeneration", "qwen3_5", "Qwen3.5 dense", REFUSED,
+                 reason="the builder exports its Gated DeltaNet (linear attention) layers for the CUDA provider only, "
+                 + _STATE.format(layers="linear-attention", state="recurrent state"), nearest="Qwen3ForCausalLM"),
+    Architecture("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", "Qwen2.5-VL", REFUSED,
+                 reason=_MULTIMODAL + "; its text graph takes 3-D multimodal rotary position ids",
+                 nearest="Qwen2ForCausalLM"),
+    Architecture("Qwen3VLForConditionalGeneration", "qwen3_vl", "Qwen3-VL", REFUSED,
+                 reason=_MULTIMODAL + "; its text graph takes 3-D multimodal rotary position ids",
+                 nearest="Qwen3ForCausalLM"),
+    Architecture("Phi3VForCausalLM", "phi3_v", "Phi-3 vision, Phi-3.5 vision", REFUSED,
+                 reason=_MULTIMODAL + "; " + _REMOTE, nearest="Phi3ForCausalLM"),
+    Architecture("Phi4MMForCausalLM", "phi4mm", "Phi-4 multimodal", REFUSED, reason=_MULTIMODAL + "; " + _REMOTE,
+                 nearest="Phi3ForCausalLM"),
+    Architecture("Mistral3ForConditionalGeneration", "mistral3", "Mistral Small 3.1/3.2", REFUSED,
+                 reason=_MULTIMODAL + " (transformers loads it only as an image-text-to-text model)",
+                 nearest="MistralForCausalLM"),
+    Architecture("Gemma4ForConditionalGeneration", "gemma4", "Gemma 4", REFUSED, gguf="gemma4",
+                 reason="its global layers have their own head size and KV head count (`global_head_dim`, "
+                 "`num_global_key_value_heads`) where the engine's KV pool holds one shape for every layer, and the "
+                 "builder takes this class as its Mixture-of-Experts model", nearest="Gemma3ForCausalLM"),
+    Architecture("Gemma4UnifiedForConditionalGeneration", "gemma4", "Gemma 4 unified", REFUSED,
+                 reason="transformers 5.23 has no Gemma4Unified model; per-layer KV shapes as Gemma 4",
+                 nearest="Gemma3ForCausalLM"),
+)  # fmt: skip
 
 ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture(
@@ -62,17 +117,21 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         "Qwen2, Qwen2.5",
         SUPPORTED,
         gguf="qwen2",
+        exact_gguf=True,
         rope=("default", "yarn", "dynamic"),
         tested_by=_TESTS,
         notes=("dynamic NTK: max_context up to max_position_embeddings, where it is plain rope",),
     ),
-    Architecture("Qwen3ForCausalLM", "qwen3", "Qwen3 (dense)", SUPPORTED, gguf="qwen3", tested_by=_TESTS),
+    Architecture(
+        "Qwen3ForCausalLM", "qwen3", "Qwen3 (dense)", SUPPORTED, gguf="qwen3", exact_gguf=True, tested_by=_TESTS
+    ),
     Architecture(
         "Phi3ForCausalLM",
         "phi3",
         "Phi-3 mini, Phi-3.5 mini, Phi-4-mini",
         SUPPORTED,
         gguf="phi3",
+        exact_gguf=True,
         rope=("default", "longrope"),
         tested_by=_TESTS,
         notes=(
@@ -88,6 +147,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         "Gemma 2",
         SUPPORTED,
         gguf="gemma2",
+        exact_gguf=True,
         tested_by=_TESTS,
         notes=("sliding-window layers", "logit soft-capping"),
     ),
@@ -102,6 +162,73 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         tested_by=_TESTS,
         notes=("sliding-window layers", "rope scaling per layer type (4B+: the global layers' only)"),
     ),
+    Architecture(
+        "GraniteForCausalLM",
+        "granite",
+        "Granite 3.x dense (IBM)",
+        SUPPORTED,
+        gguf="granite",
+        tested_by=_TESTS,
+        notes=("embedding, attention, residual and logit multipliers",),
+    ),
+    Architecture(
+        "OlmoForCausalLM",
+        "olmo",
+        "OLMo 1B/7B (AI2)",
+        SUPPORTED,
+        gguf="olmo",
+        tested_by=_TESTS,
+        notes=("layer norm without parameters (the builder's RMS norm corrected: builder_fixes.py)",),
+        refused_keys=(("clip_qkv", "q/k/v clipped, as OLMo 1.7 7B does"),),
+    ),
+    Architecture(
+        "NemotronForCausalLM",
+        "nemotron",
+        "Nemotron-Mini 4B, Minitron (NVIDIA)",
+        SUPPORTED,
+        gguf="nemotron",
+        exact_gguf=True,
+        tested_by=_TESTS,
+        notes=("partial rotary", "layer norm with weight + 1", "squared-ReLU MLP without gate"),
+    ),
+    Architecture(
+        "PhiForCausalLM",
+        "phi",
+        "Phi-2, Phi-1.5",
+        SUPPORTED,
+        gguf="phi2",
+        tested_by=_TESTS,
+        notes=("parallel attention and MLP", "partial rotary", "layer norms and biases"),
+        refused_keys=(("qk_layernorm", "layer norms on q and k"),),
+    ),
+    Architecture(
+        "SmolLM3ForCausalLM",
+        "smollm3",
+        "SmolLM3 3B",
+        SUPPORTED,
+        gguf="smollm3",
+        tested_by=_TESTS,
+        notes=("every fourth layer without rotary embedding (NoPE; builder corrected: builder_fixes.py)",),
+    ),
+    Architecture(
+        "Ernie4_5ForCausalLM",
+        "ernie4_5",
+        "ERNIE 4.5 0.3B (Baidu)",
+        SUPPORTED,
+        gguf="ernie4_5",
+        tested_by=_TESTS,
+        notes=("interleaved rotary embedding",),
+    ),
+    Architecture(
+        "HunYuanDenseV1ForCausalLM",
+        "hunyuan_v1_dense",
+        "Hunyuan dense 0.5B-7B (Tencent)",
+        SUPPORTED,
+        gguf="hunyuan-dense",
+        tested_by=_TESTS,
+        notes=("q/k norms after the rotation (positions computed in the graph: positions.py)", "NTK-alpha rope base"),
+    ),
+    *_REFUSED_DENSE,
 )
 _BY_CLASS = {a.hf_class: a for a in ARCHITECTURES}
 SUPPORTED_DECODERS: dict[str, str] = {a.hf_class: a.model_type for a in ARCHITECTURES if a.status == SUPPORTED}
@@ -127,6 +254,13 @@ def architecture_of(config: dict[str, Any], where: str, max_context: int | None 
             f"the nearest supported architecture is {entry.nearest}",
             exit_code=2,
         )
+    for key, meaning in entry.refused_keys:
+        if config.get(key):
+            raise UserError(
+                f"{where} sets {key} = {config[key]!r} ({meaning}), which onnxruntime-genai's builder ignores: the "
+                f"export would compute another model; onnxfn builds {hf_class} models without it",
+                exit_code=2,
+            )
     check_config(config, where, max_context)
     return entry
 
@@ -146,7 +280,12 @@ def adapt_builder_config(config: Any) -> None:
       only the layers `layer_types` marks as sliding, so none; they are marked here.
     - Rope scaling: only what lets the builder run (rotary.builder_rope); its rotary tables are replaced by
       transformers' own (rotary.correct_tables).
+    - A multimodal wrapper's decoder (Gemma 3 4B+, Mistral 3): its `text_config` is adapted, which the builder
+      copies to the top level.
     """
+    text_config = getattr(config, "text_config", None)
+    if text_config is not None:
+        adapt_builder_config(text_config)
     window = getattr(config, "sliding_window", None)
     if window and getattr(config, "layer_types", None) is None:
         config.layer_types = [SLIDING] * config.num_hidden_layers
@@ -156,3 +295,4 @@ def adapt_builder_config(config: Any) -> None:
         if SLIDING in rope:
             config.rope_local_base_freq = rope[SLIDING]["rope_theta"]
     builder_rope(config)
+    fix_config(config)  # norm epsilons under other names (builder_fixes.py)

@@ -25,10 +25,11 @@ from packager.export.architectures import architecture_of
 from packager.export.external_data import WeightFile
 from packager.export.graph import drop_dead_nodes
 from packager.export.materialize import RECIPES_FILE, STRUCTURE_FILE, BlockQuantized, Float32, Rewrite, Structure
+from packager.export.structure_process import OFFLINE, run_shared
 from packager.sources import SourceModel
 from runtime.bundle import file_digest
 
-STRUCTURE_VERSION = 3  # bump when the structure step changes meaning, to invalidate cached structures
+STRUCTURE_VERSION = 4  # bump when the structure step changes meaning, to invalidate cached structures
 EXPORT_VERSION = 3  # bump when the options below change meaning, to invalidate cached exports
 LOG_NAME = "builder.log"
 DIGESTS_NAME = "digests.json"
@@ -145,18 +146,20 @@ def _run_builder(source: SourceModel, out: Path) -> None:
     # `local_window_size` still windows their attention): the runtime binds one
     # `[slots, kv_heads, max_context, head_dim]` buffer per layer, and its prefix cache and
     # snapshots index that buffer by position, which a window-sized ring cannot offer.
-    command = [sys.executable, "-m", "packager.export.structure", "-i", str(source.hf_dir), "-o", str(out)]
-    command += ["-p", "fp32", "-e", "cpu", "-c", str(cache), "--weights", json.dumps(source.weights().describe())]
-    command += ["--extra_options", "windowed_kv_cache=false"]
+    arguments = ["-i", str(source.hf_dir), "-o", str(out), "-p", "fp32", "-e", "cpu", "-c", str(cache)]
+    arguments += ["--weights", json.dumps(source.weights().describe()), "--extra_options", "windowed_kv_cache=false"]
     log_path = out.parent / f"{out.name}.{LOG_NAME}"
-    with log_path.open("w") as log:
-        # HF_HUB_OFFLINE: the builder must read only the local folder, never reach for a hub.
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+    log_path.write_text("")
+    env = {**os.environ, **OFFLINE}  # the builder must read only the local folder, never reach for a hub
+    returncode = run_shared(arguments, env, log_path)  # a session exporting many models shares the imports
+    if returncode is None:
+        with log_path.open("w") as log:
+            command = [sys.executable, "-m", "packager.export.structure", *arguments]
+            returncode = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=False).returncode
     log_text = log_path.read_text(errors="replace")
     log_path.unlink()
     (out / LOG_NAME).write_text(log_text)
     shutil.rmtree(cache, ignore_errors=True)
-    if result.returncode != 0 or not (out / STRUCTURE_FILE).is_file():
+    if returncode != 0 or not (out / STRUCTURE_FILE).is_file():
         tail = "\n".join(log_text.splitlines()[-15:])
-        raise UserError(f"the ONNX export failed (exit {result.returncode}); builder log tail:\n{tail}")
+        raise UserError(f"the ONNX export failed (exit {returncode}); builder log tail:\n{tail}")

@@ -32,8 +32,10 @@ import torch
 from onnxruntime_genai.models import builder
 
 from packager.export.architectures import adapt_builder_config
+from packager.export.builder_fixes import fix_model
 from packager.export.lazy import LazyTensor, Recipe, loading, make_lazy, to_json
 from packager.export.materialize import RECIPES_FILE, STRUCTURE_FILE
+from packager.export.positions import derive_position_ids
 from packager.export.rotary import correct_tables
 from packager.sources.weights import load_any, open_weights
 
@@ -67,6 +69,7 @@ def _patch(model_class: Any, recorder: _Recorder) -> None:
         model.tie_weights()  # a tied lm_head is then one leaf with the embedding (its source has only that)
         make_lazy(model)
         recorder.model = model
+        fix_model(self)  # the builder model is initialised by now; it walks the layers next
         return model
 
     def make_initializer(self: Any, tensor: Any, /, name: str, *, to: Any = None, raw: bool = False) -> None:
@@ -81,7 +84,9 @@ def _patch(model_class: Any, recorder: _Recorder) -> None:
         recorder.recipes[name] = {"dtype": ir.DataType(dtype).name, "shape": list(tensor.shape)}
 
     def save_model(self: Any, out_dir: str) -> None:
-        correct_tables(self.model.graph, recorder.model, getattr(recorder.model.config, "layer_types", None))
+        text_config = recorder.model.config.get_text_config()  # a multimodal wrapper's decoder, or the config itself
+        correct_tables(self.model.graph, recorder.model, getattr(text_config, "layer_types", None))
+        derive_position_ids(self.model.graph)  # explicit-rotary graphs: positions from the mask (positions.py)
         self.model.graph.sort()
         proto = ir.serde.serialize_model(self.model)
         onnx.save(

@@ -41,75 +41,9 @@ class Case:
         return {**self.published, **TINY, **self.shrink, "architectures": [self.hf_class]}
 
 
-CASES: tuple[Case, ...] = (
-    Case(
-        "llama3-2",
-        "LlamaForCausalLM",
-        "llama",
-        source="meta-llama/Llama-3.2-1B",
-        published={
-            "rope_theta": 500000.0,
-            "tie_word_embeddings": True,
-            "attention_bias": False,
-            "mlp_bias": False,
-            "hidden_act": "silu",
-            "rms_norm_eps": 1e-5,
-            "rope_scaling": {
-                "rope_type": "llama3",
-                "factor": 32.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": ORIGINAL_CONTEXT,
-            },
-        },
-        shrink={"head_dim": 16},
-        long_prompt=True,
-    ),
-    Case(
-        "mistral",
-        "MistralForCausalLM",
-        "mistral",
-        source="mistralai/Mistral-7B-v0.1",
-        published={"rope_theta": 10000.0, "sliding_window": 32, "tie_word_embeddings": False, "hidden_act": "silu"},
-    ),
-    Case(
-        "qwen2-5",
-        "Qwen2ForCausalLM",
-        "qwen2",
-        source="Qwen/Qwen2.5-1.5B-Instruct",
-        published={
-            "rope_theta": 1000000.0,
-            "tie_word_embeddings": True,
-            "use_sliding_window": False,
-            "hidden_act": "silu",
-            "rms_norm_eps": 1e-6,
-        },
-    ),
-    Case(
-        "qwen3",
-        "Qwen3ForCausalLM",
-        "qwen3",
-        source="Qwen/Qwen3-0.6B",
-        published={
-            "rope_theta": 1000000.0,
-            "tie_word_embeddings": True,
-            "attention_bias": False,
-            "head_dim": 32,
-            "hidden_act": "silu",
-            "rms_norm_eps": 1e-6,
-        },
-    ),
-    Case(
-        "phi3-mini-4k",
-        "Phi3ForCausalLM",
-        "phi3",
-        source="microsoft/Phi-3-mini-4k-instruct",
-        published={
-            "rope_theta": 10000.0,
-            "tie_word_embeddings": False,
-            "sliding_window": 2047,
-            "original_max_position_embeddings": 256,
-            "hidden_act": "silu",
-        },
-    ),
-)
+# Every case the architecture tests build: dense decoders and rope-scaled ones (one module each).
+# Imported last: those modules import `Case` from here.
+from tests.architectures.cases_dense import DENSE_CASES  # noqa: E402
+from tests.architectures.cases_rope import ROPE_CASES  # noqa: E402
+
+CASES: tuple[Case, ...] = DENSE_CASES + ROPE_CASES

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -60,8 +61,12 @@ class Builds:
         return self._built[case.name]
 
 
-@pytest.fixture(scope="session")
-def builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
+@pytest.fixture(scope="package")
+def builds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Builds]:
+    """Every test of this folder's builds; their structure exports share one pre-imported builder process
+    (export/structure_process.py), stopped when the folder's last test is done."""
+    from packager.export.structure_process import shared_structure_process
     from tests.conftest import tiny_model_cache
 
-    return Builds(tmp_path_factory.mktemp("architectures"), tiny_model_cache(tmp_path_factory))
+    with shared_structure_process():
+        yield Builds(tmp_path_factory.mktemp("architectures"), tiny_model_cache(tmp_path_factory))
