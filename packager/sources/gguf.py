@@ -24,9 +24,10 @@ from packager.cache import cached_dir
 from packager.errors import UserError
 from packager.export.architectures import SUPPORTED_DECODERS
 from packager.progress import StepProgress
+from packager.sources.gguf_rope import add_gguf_rope
 
-DEQUANTIZE_VERSION = 2  # bump when the conversion below changes, to invalidate cached folders
-CONFIG_VERSION = 1  # bump when the config folder below changes
+DEQUANTIZE_VERSION = 3  # bump when the conversion below changes, to invalidate cached folders
+CONFIG_VERSION = 2  # bump when the config folder below changes
 BESIDE_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 # GGUF `general.architecture` names whose transformers `model_type` differs.
 _MODEL_TYPES = {"gemma3": "gemma3_text"}
@@ -98,6 +99,7 @@ def _write_config(gguf_path: Path, out: Path, beside: list[Path], source: str) -
 
     config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+    add_gguf_rope(gguf_path, config)  # transformers drops the GGUF's rope scaling (gguf_rope.py)
     config.save_pretrained(out)
     GenerationConfig.from_model_config(config).save_pretrained(out)  # what saving the model would write beside it
     if beside:
@@ -141,6 +143,7 @@ def _convert(gguf_path: Path, out: Path, beside: list[Path], source: str) -> Non
     model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    add_gguf_rope(gguf_path, model.config)  # in the config written (the rotary buffers are not saved)
     model.save_pretrained(out)
     if beside:
         for path in beside:
