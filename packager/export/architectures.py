@@ -123,7 +123,14 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         notes=("dynamic NTK: max_context up to max_position_embeddings, where it is plain rope",),
     ),
     Architecture(
-        "Qwen3ForCausalLM", "qwen3", "Qwen3 (dense)", SUPPORTED, gguf="qwen3", exact_gguf=True, tested_by=_TESTS
+        "Qwen3ForCausalLM",
+        "qwen3",
+        "Qwen3 (dense)",
+        SUPPORTED,
+        gguf="qwen3",
+        exact_gguf=True,
+        rope=("default", "yarn"),
+        tested_by=_TESTS,
     ),
     Architecture(
         "Phi3ForCausalLM",

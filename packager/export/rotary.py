@@ -16,8 +16,9 @@ Rope kinds whose frequencies depend on the sequence, not only on the position:
   the original context uses the short one (exactly transformers' for every sequence it can hold), a longer bundle
   the long one (exactly transformers' for every sequence past the original context; what llama.cpp does for a
   context past it). `bundle_config` gives the config whose transformers model computes what a bundle computes.
-- `dynamic` (NTK): transformers rescales only past `max_position_embeddings`, by the sequence length; a bundle's
-  context never goes past it (`bundle.context_length`), and below it dynamic is plain rope.
+- `dynamic` (NTK): transformers rescales only past `max_position_embeddings`, every position by the sequence
+  length; up to there it is plain rope, which a bundle serves exactly, and a `max_context` past it is refused
+  (`check_rope`).
 """
 
 from __future__ import annotations

@@ -106,6 +106,27 @@ ROPE_CASES: tuple[Case, ...] = (
         long_prompt=True,
     ),
     Case(
+        "qwen3-yarn",
+        "Qwen3ForCausalLM",
+        "qwen3",
+        # the YaRN rope_scaling its model card adds for contexts past 32768 (q/k norms, head_dim 128 published)
+        source="Qwen/Qwen3-8B",
+        published={
+            "rope_theta": 1000000.0,
+            "tie_word_embeddings": False,
+            "attention_bias": False,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-6,
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": ORIGINAL_CONTEXT,
+            },
+        },
+        shrink={"head_dim": 16},
+        long_prompt=True,
+    ),
+    Case(
         "deepseek-coder-linear",
         "LlamaForCausalLM",
         "llama",
