@@ -91,6 +91,31 @@ _REFUSED_DENSE: tuple[Architecture, ...] = (
                  nearest="Gemma3ForCausalLM"),
 )  # fmt: skip
 
+# Mixture-of-Experts decoders the builder or llama.cpp knows that onnxfn refuses, each with why.
+_NO_BUILDER = "onnxruntime-genai 0.18's builder has no export for it (not in its model dispatch)"
+_REFUSED_MOE: tuple[Architecture, ...] = (
+    Architecture("Qwen3MoeForCausalLM", "qwen3_moe", "Qwen3-30B-A3B, Qwen3-235B-A22B", REFUSED, gguf="qwen3moe",
+                 moe=True, reason=_NO_BUILDER, nearest="Qwen3ForCausalLM (dense), GptOssForCausalLM (MoE)"),
+    Architecture("Qwen2MoeForCausalLM", "qwen2_moe", "Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B", REFUSED, gguf="qwen2moe",
+                 moe=True, reason=_NO_BUILDER, nearest="Qwen2ForCausalLM (dense), GptOssForCausalLM (MoE)"),
+    Architecture("PhiMoEForCausalLM", "phimoe", "Phi-3.5-MoE", REFUSED, gguf="phimoe", moe=True,
+                 reason="the builder exports it for CUDA only (it switches to the CUDA provider and int4, with "
+                 "CUTLASS-prepacked experts) and reads per-expert `block_sparse_moe.experts[i].w1` modules, which "
+                 "transformers 5 (`PhimoeForCausalLM`) stacks into `mlp.experts.gate_up_proj`",
+                 nearest="Phi3ForCausalLM (dense), GptOssForCausalLM (MoE)"),
+    Architecture("PhimoeForCausalLM", "phimoe", "Phi-3.5-MoE (as transformers 5 saves it)", REFUSED, gguf="phimoe",
+                 moe=True, reason=_NO_BUILDER + "; under its published name PhiMoEForCausalLM, CUDA only",
+                 nearest="Phi3ForCausalLM (dense), GptOssForCausalLM (MoE)"),
+    Architecture("Lfm2MoeForCausalLM", "lfm2_moe", "LFM2-8B-A1B, LFM2-24B-A2B", REFUSED, gguf="lfm2moe", moe=True,
+                 reason="the builder exports it for the CPU (an fp32 MoE op with its sigmoid router in the graph), "
+                 "but " + _STATE.format(layers="short-convolution", state="convolution state (`past.conv`)"),
+                 nearest="GptOssForCausalLM"),
+    Architecture("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", "Qwen3.5 MoE", REFUSED, gguf="qwen35moe",
+                 moe=True, reason="the builder exports its Gated DeltaNet (linear attention) layers for the CUDA "
+                 "provider only; " + _STATE.format(layers="linear-attention", state="recurrent state"),
+                 nearest="Qwen3ForCausalLM (dense), GptOssForCausalLM (MoE)"),
+)  # fmt: skip
+
 ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture(
         "LlamaForCausalLM",
@@ -236,6 +261,33 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         notes=("q/k norms after the rotation (positions computed in the graph: positions.py)", "NTK-alpha rope base"),
     ),
     *_REFUSED_DENSE,
+    Architecture(
+        "GraniteMoeHybridForCausalLM",
+        "granitemoehybrid",
+        "Granite 4.0 Micro (attention layers, no routed experts); not Granite 4.0 H",
+        SUPPORTED,
+        gguf="granitehybrid",
+        tested_by=_TESTS,
+        notes=("Mamba-2 layers and routed experts refused (check_config)",),
+    ),
+    Architecture(
+        "GptOssForCausalLM",
+        "gpt_oss",
+        "gpt-oss (20b, 120b)",
+        SUPPORTED,
+        gguf="gpt-oss",
+        exact_gguf=True,
+        rope=("yarn",),
+        moe=True,
+        tested_by=_TESTS,
+        notes=(
+            "attention sinks",
+            "sliding-window layers",
+            "clamped SwiGLU experts (ONNX Runtime's MoE/QMoE)",
+            "GGUF MXFP4 experts carried exactly as int8 blocks (QMoE has no CPU MXFP4 kernel): ~2.1x their bytes",
+        ),
+    ),
+    *_REFUSED_MOE,
 )
 _BY_CLASS = {a.hf_class: a for a in ARCHITECTURES}
 SUPPORTED_DECODERS: dict[str, str] = {a.hf_class: a.model_type for a in ARCHITECTURES if a.status == SUPPORTED}
@@ -275,6 +327,28 @@ def architecture_of(config: dict[str, Any], where: str, max_context: int | None 
 def check_config(config: dict[str, Any], where: str, max_context: int | None = None) -> None:
     """Refuse, before exporting, a config.json whose model the builder would export wrongly."""
     check_rope(config, where, max_context)
+    if (config.get("architectures") or [None])[0] == "GraniteMoeHybridForCausalLM":
+        _check_granite_hybrid(config, where)
+
+
+def _check_granite_hybrid(config: dict[str, Any], where: str) -> None:
+    """GraniteMoeHybrid builds only as Granite 4.0 Micro is: attention layers, no routed experts (the builder exports
+    a layer's attention and its shared MLP, nothing else)."""
+    mamba = sum(1 for kind in config.get("layer_types") or [] if kind == "mamba")
+    if mamba:
+        raise UserError(
+            f"{where} has {mamba} Mamba-2 layers (layer_types), which onnxruntime-genai's builder does not export "
+            "(it fails on a layer without attention) and onnxfn's engine could not serve (a per-sequence SSM state "
+            "besides the KV cache): Granite 4.0 H models are refused; Granite 4.0 Micro (attention only) builds",
+            exit_code=2,
+        )
+    if config.get("num_local_experts"):
+        raise UserError(
+            f"{where} routes each token to experts (num_local_experts = {config['num_local_experts']}), which "
+            "onnxruntime-genai's builder has no Mixture-of-Experts export for in GraniteMoeHybrid (it fails looking "
+            "for them); Granite 4.0 Micro (shared MLP only) builds",
+            exit_code=2,
+        )
 
 
 def adapt_builder_config(config: Any) -> None:

@@ -5,7 +5,8 @@ its nodes and computes their initializers one at a time:
 - `fp32`: the nodes as they are; each weight is its recipe evaluated on the source;
 - `int8`, `int4`: every MatMul on a 2-D weight becomes MatMulNBits, its weight quantized by ONNX Runtime's own
   block quantizer (the call the builder's `MatMulNBitsQuantizer` makes, symmetric, the same node and
-  initializer names), so the graph is the builder's int8/int4 graph, made with one weight in memory;
+  initializer names), so the graph is the builder's int8/int4 graph, made with one weight in memory; a
+  Mixture-of-Experts layer's `MoE` becomes `QMoE`, its experts quantized with the same quantizer (moe.py);
 - `gguf`: the GGUF's own blocks carried into MatMulNBits / GatherBlockQuantized (gguf/carry.py).
 
 The same rewrite serves a whole graph written to disk (`WeightFile`) and a few layers computed in memory for
@@ -26,6 +27,7 @@ import onnx
 from onnx import NodeProto, TensorProto, helper, numpy_helper
 
 from packager.export.lazy import Recipe, evaluate, from_json, leaves
+from packager.export.moe import FC1, FC1_BIAS, FC2, FC2_BIAS, qmoe_nodes, quantize_experts
 from packager.export.rotary import table_for
 from packager.sources.weights import WeightSource, load_any
 
@@ -221,6 +223,9 @@ class BlockQuantized:
                 if node.output[0] not in sink:
                     sink.add(node.output[0], np.ascontiguousarray(self.rewrite.weight(node.input[0]).T))
                 continue
+            if node.op_type == "MoE" and self._experts_fit(node):
+                out.extend(self._quantized_experts(node, sink))
+                continue
             weight = node.input[1] if node.op_type == "MatMul" and len(node.input) > 1 else None
             if weight is None or weight not in structure.weights or len(structure.weights[weight]["shape"]) != 2:
                 self.rewrite.add_inputs([node], sink)
@@ -229,6 +234,28 @@ class BlockQuantized:
             self.rewrite.add_input(node.input[0], sink)
             out.append(self._quantized(node, weight, sink))
         return out
+
+    def _experts_fit(self, node: NodeProto) -> bool:
+        """Whether both expert weights are recorded and their rows split into whole blocks (QMoE needs that)."""
+        weights = self.rewrite.structure.weights
+        names = [node.input[FC1], node.input[FC2]]
+        return all(n in weights and weights[n]["shape"][-1] % self.block_size == 0 for n in names)
+
+    def _quantized_experts(self, node: NodeProto, sink: Sink) -> list[NodeProto]:
+        """A Mixture-of-Experts layer as QMoE, each expert quantized as the builder's CPU path does (moe.py)."""
+        names = []
+        for index in (FC1, FC2):
+            weight = node.input[index]
+            base = weight.removesuffix(".weight")
+            names.append((f"{base}.qweight", f"{base}.scales"))
+            if names[-1][0] not in sink:
+                experts = quantize_experts(self.rewrite.weight(weight), self.bits, self.block_size)
+                sink.add(names[-1][0], experts.packed())
+                sink.add(names[-1][1], experts.scales)
+                del experts
+        for index in (0, FC1_BIAS, FC2_BIAS):
+            self.rewrite.add_input(node.input[index], sink)
+        return qmoe_nodes(node, names[0], names[1], self.bits, self.block_size, self.accuracy_level)
 
     def _quantized(self, node: NodeProto, weight: str, sink: Sink) -> NodeProto:
         from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits

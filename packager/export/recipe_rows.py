@@ -109,3 +109,34 @@ def _select(runs: tuple[tuple[str, np.ndarray], ...], window: slice) -> tuple[tu
     for leaf, group in itertools.groupby(zip(picked_leaves, flat_rows, strict=True), key=lambda p: p[0]):
         out.append((leaf, np.fromiter((row for _, row in group), np.int64)))
     return tuple(out)
+
+
+def swapped_leaf(recipe: Recipe) -> tuple[Recipe, bool] | None:
+    """The leaf a recipe holds unchanged (views, copies, float32 casts), and whether its last two axes are swapped
+    (one transpose of them: a Mixture-of-Experts weight `[experts, rows, K]` made from an input-major leaf); None
+    when the recipe computes anything or moves more than that."""
+    swapped = False
+    node = recipe
+    while node.leaf is None:
+        inner = _first_lazy(node.args)
+        if inner is None or node.index is not None:
+            return None
+        if node.op in _PASS_THROUGH and _keeps_shape_and_dtype(node, inner):
+            node = inner.recipe
+            continue
+        if node.op in _TRANSPOSES and _swaps_last_two(node, len(inner.recipe.shape)):
+            swapped, node = not swapped, inner.recipe
+            continue
+        return None
+    return node, swapped
+
+
+def _swaps_last_two(recipe: Recipe, rank: int) -> bool:
+    if rank < 2:
+        return False
+    last_two = [*range(rank - 2), rank - 1, rank - 2]
+    if recipe.op == "aten.permute.default":
+        return [int(a) % rank for a in recipe.args[1]] == last_two
+    if recipe.op in ("aten.t.default", "aten.numpy_T.default"):
+        return rank == 2
+    return sorted(int(a) % rank for a in recipe.args[1:3]) == [rank - 2, rank - 1]

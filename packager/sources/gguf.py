@@ -24,13 +24,15 @@ from packager.cache import cached_dir
 from packager.errors import UserError
 from packager.export.architectures import SUPPORTED_DECODERS
 from packager.progress import StepProgress
+from packager.sources.gguf_gpt_oss import ARCHITECTURE as GPT_OSS
+from packager.sources.gguf_gpt_oss import gpt_oss_config
 from packager.sources.gguf_rope import add_gguf_rope
 
 DEQUANTIZE_VERSION = 3  # bump when the conversion below changes, to invalidate cached folders
 CONFIG_VERSION = 2  # bump when the config folder below changes
 BESIDE_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 # GGUF `general.architecture` names whose transformers `model_type` differs.
-_MODEL_TYPES = {"gemma3": "gemma3_text"}
+_MODEL_TYPES = {"gemma3": "gemma3_text", "gpt-oss": "gpt_oss"}
 _CHECK_TEXTS = (
     "Hello, world! How are you today?",
     "  leading spaces, trailing spaces  \n\nand blank lines\n",
@@ -60,6 +62,12 @@ def gguf_architecture(gguf_path: Path) -> str:
             exit_code=2,
         )
     return model_type
+
+
+def _general_architecture(gguf_path: Path) -> str:
+    from gguf import GGUFReader, Keys
+
+    return str(GGUFReader(str(gguf_path)).fields[Keys.General.ARCHITECTURE].contents())
 
 
 def _gguf_name(model_type: str) -> str:
@@ -97,7 +105,10 @@ def _write_config(gguf_path: Path, out: Path, beside: list[Path], source: str) -
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    if _general_architecture(gguf_path) == GPT_OSS:  # transformers cannot read its config (gguf_gpt_oss.py)
+        config = gpt_oss_config(gguf_path)
+    else:
+        config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     add_gguf_rope(gguf_path, config)  # transformers drops the GGUF's rope scaling (gguf_rope.py)
     config.save_pretrained(out)

@@ -5,7 +5,8 @@
   `TensorNameMap` (as transformers' GGUF loader maps them), read by dequantizing that tensor alone and undoing
   what llama.cpp's converter did to it (transformers' per-architecture `TensorProcessor`: the llama q/k row
   permutation, Gemma's `+ 1` on norms). Its `rows` says which GGUF rows a weight's rows are, so precision
-  `gguf` can carry the blocks without computing anything.
+  `gguf` can carry the blocks without computing anything. Mixture-of-Experts tensors that transformers does not
+  map (gpt-oss's) are described as GGUF expert rows by sources/gguf_experts.py (`experts`).
 
 Neither holds more than the tensor asked for: a build's memory is bounded by its largest tensor.
 """
@@ -23,6 +24,7 @@ import numpy as np
 
 from packager.errors import UserError
 from packager.mapped import release
+from packager.sources.gguf_experts import ExpertTensor, expert_tensors
 
 
 class WeightSource(Protocol):
@@ -123,6 +125,12 @@ class GgufWeights:
     @cached_property
     def _gguf_names(self) -> dict[str, str]:
         """Hugging Face name -> GGUF tensor name, as transformers maps them (on a weightless model)."""
+        mapping, _ = self._weightless_mapping
+        return {hf: gguf for gguf, hf in mapping.items() if gguf in self._tensors}
+
+    @cached_property
+    def _weightless_mapping(self) -> tuple[dict[str, str], list[str]]:
+        """transformers' GGUF -> Hugging Face name map, and the model's parameter names (on a weightless model)."""
         from accelerate import init_empty_weights
         from transformers import AutoConfig, AutoModelForCausalLM
         from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
@@ -130,11 +138,20 @@ class GgufWeights:
         config = AutoConfig.from_pretrained(self.config_dir)
         with init_empty_weights():
             model = AutoModelForCausalLM.from_config(config)
-        mapping = get_gguf_hf_weights_map(model, self._processor)
-        return {hf: gguf for gguf, hf in mapping.items() if gguf in self._tensors}
+        return get_gguf_hf_weights_map(model, self._processor), list(model.state_dict())
+
+    @cached_property
+    def _experts(self) -> dict[str, ExpertTensor]:
+        """The Hugging Face tensors that are rows of GGUF expert tensors (gguf_experts.py)."""
+        architecture = str(self._reader.fields["general.architecture"].contents())
+        return expert_tensors(architecture, self._weightless_mapping[1], set(self._tensors))
+
+    def experts(self, name: str) -> ExpertTensor | None:
+        """How `name` is made of GGUF expert rows, when it is (gpt-oss's experts, their biases, the sinks)."""
+        return self._experts.get(name)
 
     def has(self, name: str) -> bool:
-        return name in self._gguf_names
+        return name in self._gguf_names or name in self._experts
 
     def gguf_name(self, name: str) -> str:
         return self._gguf_names[name]
@@ -147,6 +164,11 @@ class GgufWeights:
         import torch
         from gguf.quants import dequantize
 
+        composite = self._experts.get(name)
+        if composite is not None:
+            parts = [dequantize(self._tensors[part].data, self._tensors[part].tensor_type) for part in composite.parts]
+            self.release()
+            return torch.from_numpy(np.array(composite.assemble(parts), dtype=np.float32))
         gguf_name = self._gguf_names[name]
         tensor = self._tensors[gguf_name]
         values = dequantize(tensor.data, tensor.tensor_type)

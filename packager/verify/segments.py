@@ -26,6 +26,7 @@ from onnx import NodeProto, TensorProto, helper
 
 from packager.export.external_data import INLINE_LIMIT, external_tensor
 from packager.export.materialize import MemoryWeights, Structure
+from packager.export.moe import QuantizedExperts, float_moe_nodes, qmoe_layout, unpack
 from packager.mapped import release
 
 _LAYER = re.compile(r"^/model/layers\.(\d+)/")
@@ -67,7 +68,8 @@ class ExportSystem:
 
     `accuracy_level`: run its MatMulNBits at this level instead of their own; at 0 a `gguf` export computes
     `x @ W` in float32 on the GGUF's own blocks, dequantized by ONNX Runtime: the fp32 model, made from the file
-    without a float copy of any weight (the reference of a GGUF source).
+    without a float copy of any weight (the reference of a GGUF source). A Mixture-of-Experts layer's `QMoE` has
+    no fp32 kernel for 8-bit experts: at 0 it runs as `MoE` on its experts dequantized here, one layer's at a time.
     """
 
     def __init__(self, directory: Path, name: str, accuracy_level: int | None = None) -> None:
@@ -90,7 +92,7 @@ class ExportSystem:
 
     @cached_property
     def prepack(self) -> bool:
-        return any(n.op_type == "MatMulNBits" for n in self.graph.node)
+        return any(n.op_type in ("MatMulNBits", "QMoE") for n in self.graph.node)
 
     @cached_property
     def _initializers(self) -> dict[str, TensorProto]:
@@ -107,6 +109,11 @@ class ExportSystem:
                 weights.add(name, self._array(tensor), tensor.data_type)
         if self.accuracy_level is not None:
             nodes = [_with_accuracy(node, self.accuracy_level) for node in nodes]
+        if self.accuracy_level == 0:  # QMoE's 8-bit experts have no fp32 kernel: compute them dequantized
+            nodes = [n for node in nodes for n in (_float_experts(node, weights) if node.op_type == "QMoE" else [node])]
+            read = {name for node in nodes for name in _all_inputs(node)}
+            for name in [n for n in weights.arrays if n not in read]:  # the blocks the float experts replace
+                del weights.arrays[name]
         return nodes, weights
 
     def release(self) -> None:
@@ -240,8 +247,22 @@ def run_sequences(
     return kept, report
 
 
+def _float_experts(qmoe: NodeProto, weights: MemoryWeights) -> list[NodeProto]:
+    """The MoE node computing with the QMoE node's experts dequantized to float32 (they replace the blocks in
+    `weights`)."""
+    bits, block = qmoe_layout(qmoe)
+    names = []
+    for packed_name, scales_name in ((qmoe.input[2], qmoe.input[3]), (qmoe.input[5], qmoe.input[6])):
+        name = f"{packed_name}/fp32"
+        if name not in weights:  # a layer's experts are read by each of its QMoE nodes (moe.qmoe_nodes)
+            values = unpack(weights.arrays[packed_name], bits)
+            weights.add(name, QuantizedExperts(bits, block, values, weights.arrays[scales_name]).dequantize())
+        names.append(name)
+    return float_moe_nodes(qmoe, names[0], names[1])
+
+
 def _with_accuracy(node: NodeProto, level: int) -> NodeProto:
-    if node.op_type != "MatMulNBits":
+    if node.op_type not in ("MatMulNBits", "QMoE"):
         return node
     copy = NodeProto()
     copy.CopyFrom(node)

@@ -41,9 +41,10 @@ class Case:
         return {**self.published, **TINY, **self.shrink, "architectures": [self.hf_class]}
 
 
-# Every case the architecture tests build: dense decoders and rope-scaled ones (one module each).
+# Every case the architecture tests build: dense decoders, rope-scaled ones, Mixture-of-Experts (one module each).
 # Imported last: those modules import `Case` from here.
 from tests.architectures.cases_dense import DENSE_CASES  # noqa: E402
+from tests.architectures.cases_moe import MOE_CASES  # noqa: E402
 from tests.architectures.cases_rope import ROPE_CASES  # noqa: E402
 
-CASES: tuple[Case, ...] = DENSE_CASES + ROPE_CASES
+CASES: tuple[Case, ...] = DENSE_CASES + ROPE_CASES + MOE_CASES

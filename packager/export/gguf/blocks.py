@@ -5,7 +5,7 @@ which is how GGUF stores it too) as unsigned `bits`-wide values with a float sca
 point per block: `w = (value - zero_point) * scale`. Every GGUF type is an affine map of small integers
 per block, so each one lands in that form without re-quantizing:
 
-- symmetric types (`w = d * (q - center)`: Q4_0, Q5_0, Q8_0, Q3_K, Q6_K) exactly, with the operators'
+- symmetric types (`w = d * (q - center)`: Q4_0, Q5_0, Q8_0, Q3_K, Q6_K, MXFP4) exactly, with the operators'
   default zero point (the values are shifted so that `center` falls on it);
 - types with a block minimum (`w = d * q + m`: Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) as a uint8 zero point
   `z = round(-m / d)` plus a per-block residual `r = m + z * d`, applied as (the sum of the activations
@@ -142,6 +142,18 @@ def _q8_0(blocks: np.ndarray, block_size: int) -> BlockWeight:
     return _symmetric(q, _f16(blocks, 0), center=128, source_bits=8)
 
 
+def _mxfp4(blocks: np.ndarray, block_size: int) -> BlockWeight:
+    """MXFP4 (gpt-oss's experts): `w = 2**(e - 128) * k[q]`, `k` the e2m1 values doubled (integers -12..12) and
+    `e` a power-of-two exponent byte (ggml's `e8m0_to_fp32_half`). The doubled values are integers, so the 8-bit
+    container holds them exactly (a 4-bit one cannot: the e2m1 grid is not evenly spaced)."""
+    from gguf.quants import MXFP4
+
+    codes = _nibbles_halves(blocks[..., 1:17])
+    doubled = np.asarray(MXFP4.kvalues, np.int16)[codes]  # -12..12
+    scale = MXFP4.e8m0_to_fp32_half(np.ascontiguousarray(blocks[..., 0]))
+    return _symmetric(doubled + 128, scale, center=128, source_bits=8)
+
+
 def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K/Q5_K: 12 bytes → 8 six-bit scales and 8 six-bit minimums (ggml's get_scale_min_k4)."""
     d, m, m_d = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
@@ -246,6 +258,7 @@ _DECODERS = {
     GGMLQuantizationType.Q5_0: _q5_0,
     GGMLQuantizationType.Q5_1: _q5_1,
     GGMLQuantizationType.Q8_0: _q8_0,
+    GGMLQuantizationType.MXFP4: _mxfp4,
     GGMLQuantizationType.Q2_K: _q2_k,
     GGMLQuantizationType.Q3_K: _q3_k,
     GGMLQuantizationType.Q4_K: _q4_k,

@@ -5,6 +5,7 @@ transposed them), the source says which GGUF rows those are (sources/weights.py:
 permutation undone as a row permutation), so each weight is carried by name, never matched by value. Its rows'
 blocks are read from the mapped file when its node is written, and forgotten after (operators.WeightRef).
 A weight whose recipe computes anything (a norm's `+ 1`) is a float weight, evaluated from its recipe.
+Mixture-of-Experts layers' experts go into `QMoE` (experts.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from gguf import GGMLQuantizationType
 from onnx import NodeProto, TensorProto
 
 from packager.export.gguf.blocks import BlockWeight, read_blocks, supported_types
+from packager.export.gguf.experts import ExpertCarry
 from packager.export.gguf.operators import FloatWeight, GraphBuilder, Weight, WeightRef
 from packager.export.lazy import Recipe, leaves
 from packager.export.materialize import Rewrite, Sink
@@ -73,13 +75,17 @@ class CarryReport:
     carried: dict[str, dict[str, object]] = field(default_factory=dict)
     kept_float: dict[str, str] = field(default_factory=dict)  # node -> why its weight stayed float32
     tensors: dict[str, str] = field(default_factory=dict)  # GGUF tensor carried -> its type
+    experts: dict[str, dict[str, Any]] = field(default_factory=dict)  # MoE node -> its projections (experts.py)
 
     def to_json(self) -> dict[str, object]:
-        return {
+        report: dict[str, object] = {
             "carried": self.carried,
             "kept_float32": self.kept_float,
             "gguf_types": dict(sorted(Counter(self.tensors.values()).items())),  # type -> GGUF tensors carried
         }
+        if self.experts:
+            report["experts"] = self.experts
+        return report
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,9 @@ class GgufCarry:
         self.accuracy_level = accuracy_level
         self.report = CarryReport()
         self._layouts: dict[str, object] = {}
+        self._experts = ExpertCarry(rewrite, self.source, accuracy_level)
+        self._experts.report = self.report.experts
+        self._experts.tensors = self.report.tensors
 
     @cached_property
     def _plan(self) -> tuple[dict[str, _Match], set[str]]:
@@ -137,7 +146,9 @@ class GgufCarry:
             matched = local.get(node.name)
             if node.name in dead:
                 continue
-            if matched is None:
+            if node.op_type == "MoE":
+                rewritten.extend(self._experts.nodes(node, sink))
+            elif matched is None:
                 self.rewrite.add_inputs([node], sink)
                 rewritten.append(node)
             elif node.name in fused:
