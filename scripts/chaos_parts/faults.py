@@ -19,6 +19,7 @@ the function concerned (for the worker: a probe message's result) succeeds, prob
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -135,20 +136,14 @@ class Faults:
         function = self.world.functions["chat"]
         filler = self.world.state_dir(function) / "filler"
         at = time.monotonic()
-        with filler.open("wb") as fill:
-            try:
-                while True:
-                    fill.write(b"\0" * (1 << 20))
-                    fill.flush()
-            except OSError:
-                pass  # ENOSPC: full
+        _fill(filler)
         # A redeploy on the full disk: its record, its log and its process snapshot have nowhere to go. The
         # traffic runs on meanwhile: idle stops (each dumps a snapshot) and wakes hit the full disk too.
         deployed = self.world.pkg("deploy", str(function.folder))
         last = deployed.stderr.strip().splitlines()[-1:] or [""]
         how = "a traceback" if "Traceback" in deployed.stderr else last[0][:200] if deployed.returncode else "no error"
         time.sleep(max(0.0, at + DISK_FULL_S - time.monotonic()))
-        filler.unlink()
+        filler.unlink(missing_ok=True)
         freed = time.monotonic()
         fault = self._recovered(Fault("disk_full_snapshot", "chat", freed), function)
         fault.note = f"full for {freed - at:.0f} s; pkg deploy meanwhile: exit {deployed.returncode} with {how}"
@@ -295,6 +290,21 @@ def _probe(world: World, function: Function) -> bool:
     except httpx.HTTPError:
         return False
     return answer.status_code == 200
+
+
+def _fill(filler: Path) -> None:
+    """Take every free page of the file system `filler` is on (unbuffered: nothing left to fail at close)."""
+    try:
+        descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    except OSError:
+        return  # full already
+    try:
+        for size in (1 << 20, 4096):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(descriptor, b"\0" * size)
+    finally:
+        os.close(descriptor)
 
 
 def _parses(path: Path) -> bool:
