@@ -154,6 +154,7 @@ class ProcessSnapshotRuns:
         flags = ServerVariant(variant.name, (*variant.flags, "--prepacked", str(self.prepacked)))
         self.command = server_command(python, bundle, flags, threads, free_port())
         self.probe, self.work = probe, work
+        self.captured: Any = None  # process_snapshot.Captured once taken: the images' bytes, the dump's time
         self.env = {**os.environ, "OMP_NUM_THREADS": str(threads), "ONNXFN_STATE_DIR": str(work / "state"),
                     "ORT_DISABLE_TELEMETRY": "1"}  # fmt: skip
         self.key: Any = None
@@ -209,7 +210,7 @@ class ProcessSnapshotRuns:
             process_snapshot.wait_until_warm(self.url, {}, READY_TIMEOUT)
             command = tuple(self.command)
             key = process_snapshot.SnapshotKey.current("bench", command, self.criu.version, None, prepacked.digest())
-            process_snapshot.capture(self.work, pid, key, self.criu)
+            self.captured = process_snapshot.capture(self.work, pid, key, self.criu)
         except process_snapshot.SnapshotUnavailable as exc:
             raise RuntimeError(str(exc)) from exc
         finally:

@@ -131,4 +131,6 @@ def measure_process_snapshot(config: SystemConfig, text: str, repetitions: int) 
         },
         "peak_rss_mib": None,
         "samples_s": [s.exec_to_first_token for s in samples],
+        "dump_bytes": runs.captured.size_bytes,  # the CRIU images on disk: what a wake reads back
+        "dump_s": runs.captured.seconds,
     }

@@ -13,6 +13,9 @@
     .venv/bin/python scripts/bench.py --sections adapters --rounds 10
     .venv/bin/python scripts/bench.py --sections concurrency --systems onnxfn,onnxfn-http,genai,ort-loop \
         --rounds 20 --out bench/concurrency
+    # at the sizes users deploy (packager/bench/at_size.py): synthetic GGUFs of Llama-3.2-1B's / Llama-3.1-8B's shape,
+    # built by `pkg build` (figures kept; --rebuild measures a build again), against llama.cpp; bench/synthetic-*/:
+    .venv/bin/python scripts/bench.py --model synthetic-1b [--mix q4_1] [--rebuild] [--sections decode,build]
 
 --model picks the function (smollm2: functions/smollm2-chat, gemma3: functions/gemma3-completion); its
 bundle is built by `pkg build` if missing, and its GGUF (llama.cpp), fp32 HF folder (transformers) and the
@@ -39,6 +42,7 @@ if importlib.util.find_spec("aiohttp") is None:  # the client of every server fi
 
 from packager.bench import (
     adapters,
+    at_size,
     coldstart,
     embeddings,
     footprint,
@@ -50,6 +54,7 @@ from packager.bench import (
     report,
     sections,
 )
+from packager.bench import synthetic_models as at_size_models
 from packager.bench.models import GENAI_EXPORTS, BenchModel, ModelUnavailable
 from packager.bench.pool import Worker, WorkerError
 from packager.bench.prompts import PromptFactory, PromptsUsedUp
@@ -57,6 +62,7 @@ from packager.bench.systems import PROCESS_SNAPSHOT, REGISTRY
 from packager.bench.systems.base import SystemConfig
 from packager.errors import UserError
 from packager.processes import precompile_runtime
+from packager.synthetic import TYPE_MIXES
 from runtime.bundle import open_bundle
 from runtime.engine.config import EngineConfig
 from runtime.engine.graphs import QUANTIZED_PREFILL_FILE, decodes_with_prefill_graph, prefill_graph_file
@@ -88,10 +94,20 @@ QUICK = sections.Plan(
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=tuple(models.MODELS), default=DEFAULT_MODEL, help="the function to bench")
+    parser.add_argument(
+        "--model", choices=(*models.MODELS, *at_size_models.MODELS), default=DEFAULT_MODEL, help="the model to bench"
+    )
     parser.add_argument("--bundle", type=Path, help="bundle to serve (default: the function's, built if missing)")
     parser.add_argument("--quick", action="store_true", help="a short smoke run: fewer rounds, fewer tokens")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
+    parser.add_argument(
+        "--sections", help=f"comma-separated subset of {SECTIONS} (synthetic-*: of {at_size.SECTIONS}); default all"
+    )
+    parser.add_argument(
+        "--mix", choices=tuple(TYPE_MIXES), default="q4_k_m", help="synthetic-*: the GGUF's type mix (default q4_k_m)"
+    )
+    parser.add_argument(
+        "--rebuild", action="store_true", help="synthetic-*: build the bundle again (fresh cache): new build figures"
+    )
     parser.add_argument("--systems", default=",".join(REGISTRY), help=f"comma-separated subset of {tuple(REGISTRY)}")
     parser.add_argument("--threads", type=int, default=2, help="intra-op threads for every system")
     parser.add_argument(
@@ -101,7 +117,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.out is None:
         args.out = REPO / "bench" if args.model == DEFAULT_MODEL else REPO / "bench" / args.model
-    args.sections = _subset(parser, args.sections, SECTIONS, "--sections")
+    allowed = at_size.SECTIONS if args.model in at_size_models.MODELS else SECTIONS
+    args.sections = _subset(parser, args.sections or ",".join(allowed), allowed, "--sections")
     args.systems = _subset(parser, args.systems, tuple(REGISTRY), "--systems")
     if args.rounds is not None and args.rounds < 2:
         parser.error(f"--rounds: {args.rounds} cannot pair rounds; give 2 or more (BENCHMARKS.md asks for 5 or more)")
@@ -155,6 +172,8 @@ def start_workers(configs: list[SystemConfig], log_dir: Path, errors: dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.model in at_size_models.MODELS:  # a synthetic model of a published shape: its own sections and peers
+        return at_size.main(args, REPO)
     plan = QUICK if args.quick else FULL
     if args.rounds is not None:
         plan = dataclasses.replace(plan, repetitions=args.rounds)
@@ -347,5 +366,5 @@ def run() -> int:
     """`scripts/bench.py`'s entry: `main`, with the bench's own refusals as one line instead of a traceback."""
     try:
         return main()
-    except (PromptsUsedUp, ModelUnavailable, UserError) as exc:
+    except (PromptsUsedUp, ModelUnavailable, at_size_models.SyntheticModelError, UserError) as exc:
         sys.exit(f"bench: {exc}")

@@ -24,6 +24,8 @@ class SystemConfig:
     threads: int
     max_batch: int
     python: str
+    # Every system's context (KV cache) length; the models at size use less, so their KV pools stay small.
+    max_context: int = MAX_CONTEXT
 
 
 @dataclass

@@ -8,7 +8,6 @@ import llama_cpp
 from llama_cpp import Llama
 
 from packager.bench.systems.base import (
-    MAX_CONTEXT,
     PromptSpec,
     StreamTiming,
     SystemConfig,
@@ -40,7 +39,7 @@ class LlamaCppSystem:
         # compiles only where its probe ran AMX instructions; llama.cpp repacks no Q4_1 tensor anyway.
         self._llama = Llama(
             model_path=config.gguf,
-            n_ctx=MAX_CONTEXT,
+            n_ctx=config.max_context,
             n_threads=config.threads,
             n_threads_batch=config.threads,
             verbose=False,

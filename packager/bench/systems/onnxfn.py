@@ -6,7 +6,6 @@ import asyncio
 import itertools
 
 from packager.bench.systems.base import (
-    MAX_CONTEXT,
     PromptSpec,
     StreamTiming,
     SystemConfig,
@@ -25,8 +24,8 @@ def engine_config(config: SystemConfig, kv_bytes_per_token: int) -> EngineConfig
     return EngineConfig(
         max_batch=config.max_batch,
         threads=config.threads,
-        max_context=MAX_CONTEXT,
-        kv_memory_bytes=config.max_batch * MAX_CONTEXT * kv_bytes_per_token,
+        max_context=config.max_context,
+        kv_memory_bytes=config.max_batch * config.max_context * kv_bytes_per_token,
         defer_prefill_graph=True,  # as the server and the Lambda handler start
     )
 

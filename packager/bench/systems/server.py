@@ -7,16 +7,16 @@ import tempfile
 from pathlib import Path
 
 from packager.bench.serving import ServerSpec, free_port, launch, run_streams, wait_ready
-from packager.bench.systems.base import MAX_CONTEXT, PromptSpec, StreamTiming, SystemConfig, process_memory
+from packager.bench.systems.base import PromptSpec, StreamTiming, SystemConfig, process_memory
 from packager.decoder_facts import decoder_facts
 from packager.processes import stop_process
 from runtime.bundle import read_manifest
 
 
 def kv_budget_mib(config: SystemConfig) -> int:
-    """The in-process engine's KV budget: every slot can hold MAX_CONTEXT tokens."""
+    """The in-process engine's KV budget: every slot can hold `max_context` tokens."""
     facts = decoder_facts(read_manifest(Path(config.bundle)))
-    return -(-config.max_batch * MAX_CONTEXT * facts.kv_bytes_per_token() // (1 << 20))
+    return -(-config.max_batch * config.max_context * facts.kv_bytes_per_token() // (1 << 20))
 
 
 def onnxfn_server(config: SystemConfig, decode: str = "latency") -> ServerSpec:
@@ -24,7 +24,7 @@ def onnxfn_server(config: SystemConfig, decode: str = "latency") -> ServerSpec:
         "--decode": decode,
         "--threads": config.threads,
         "--max-batch": config.max_batch,
-        "--max-context": MAX_CONTEXT,
+        "--max-context": config.max_context,
         "--kv-memory-mb": kv_budget_mib(config),
     }
     return ServerSpec(
@@ -51,7 +51,7 @@ def llamacpp_server(config: SystemConfig) -> ServerSpec:
         "--port": "{port}",
         "--n_threads": config.threads,
         "--n_threads_batch": config.threads,
-        "--n_ctx": MAX_CONTEXT,
+        "--n_ctx": config.max_context,
         # Without this a new request aborts the one running (FIELD-NOTES); with it requests queue.
         "--interrupt_requests": False,
     }
