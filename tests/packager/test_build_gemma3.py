@@ -109,12 +109,17 @@ def test_gemma_exports_with_torch_parity_and_serves_windowed_attention(
         assert [lp for _, lp in got] == pytest.approx(logprobs, abs=1e-3)
 
 
-def test_gemma3_with_scaled_rope_is_refused_before_export(
+def test_gemma3_with_dynamic_rope_past_its_context_is_refused_before_export(
     tmp_path: Path, isolated_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Linear rope on the global layers builds now (tests/architectures/test_rope.py); dynamic NTK past
+    max_position_embeddings (here 128, the bundle 256) rescales every position by the sequence length, which no
+    fixed rotary table computes: refused, before anything is exported."""
     hf_dir = make_tiny_gemma3(tmp_path / "hf")
     config = json.loads((hf_dir / "config.json").read_text())
-    config["rope_parameters"]["full_attention"].update(rope_type="linear", factor=8.0)
+    config["rope_parameters"]["full_attention"].update(rope_type="dynamic", factor=2.0)
+    config["max_position_embeddings"] = 128
     (hf_dir / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UserError, match=r"full_attention': 'linear'.*sliding-window layers"):
+    with pytest.raises(UserError, match=r"dynamic NTK.*max_position_embeddings = 128.*export.max_context to at most"):
         _build(tmp_path, hf_dir, monkeypatch)
+    assert not (isolated_cache / "structure").exists() or not any((isolated_cache / "structure").iterdir())

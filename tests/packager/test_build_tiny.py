@@ -165,6 +165,11 @@ def test_unsupported_architecture_names_the_supported_ones(
     (gpt2 / "config.json").write_text(json.dumps(config))
     monkeypatch.chdir(tmp_path)
     function = write_function(tmp_path, "gpt2", f"hf:{gpt2}")
-    supported = r"supported: Gemma2ForCausalLM, Gemma3ForCausalLM, .*LlamaForCausalLM, MistralForCausalLM"
-    with pytest.raises(UserError, match=r"'GPT2LMHeadModel'.*" + supported):
+    with pytest.raises(UserError, match=r"'GPT2LMHeadModel', which onnxfn cannot export yet; supported: ") as raised:
         build_function(load_spec(function), StepProgress())
+    named = str(raised.value).split("supported: ")[1].split(", ")
+    assert named == sorted(named)  # every supported architecture, in order
+    assert {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "PhiForCausalLM", "GptOssForCausalLM"} <= set(
+        named
+    )
+    assert "GPT2LMHeadModel" not in named and "ChatGLMModel" not in named  # refused ones are not offered
