@@ -24,6 +24,8 @@ from packager.cache import cached_dir
 from packager.errors import UserError
 from packager.export.architectures import SUPPORTED_DECODERS
 from packager.progress import StepProgress
+from packager.sources.gguf_dense import DENSE_GGUF, dense_config
+from packager.sources.gguf_dense import MODEL_TYPES as DENSE_MODEL_TYPES
 from packager.sources.gguf_gpt_oss import ARCHITECTURE as GPT_OSS
 from packager.sources.gguf_gpt_oss import gpt_oss_config
 from packager.sources.gguf_rope import add_gguf_rope
@@ -32,7 +34,7 @@ DEQUANTIZE_VERSION = 3  # bump when the conversion below changes, to invalidate 
 CONFIG_VERSION = 2  # bump when the config folder below changes
 BESIDE_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 # GGUF `general.architecture` names whose transformers `model_type` differs.
-_MODEL_TYPES = {"gemma3": "gemma3_text", "gpt-oss": "gpt_oss"}
+_MODEL_TYPES = {"gemma3": "gemma3_text", "gpt-oss": "gpt_oss", **DENSE_MODEL_TYPES}
 _CHECK_TEXTS = (
     "Hello, world! How are you today?",
     "  leading spaces, trailing spaces  \n\nand blank lines\n",
@@ -102,11 +104,14 @@ def gguf_config_folder(
 
 def _write_config(gguf_path: Path, out: Path, beside: list[Path], source: str) -> None:
     os.environ.setdefault("TQDM_DISABLE", "1")
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    if _general_architecture(gguf_path) == GPT_OSS:  # transformers cannot read its config (gguf_gpt_oss.py)
+    architecture = _general_architecture(gguf_path)
+    if architecture == GPT_OSS:  # transformers cannot read its config (gguf_gpt_oss.py)
         config = gpt_oss_config(gguf_path)
+    elif architecture in DENSE_GGUF:  # nor theirs (gguf_dense.py)
+        config = dense_config(gguf_path)
     else:
         config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
@@ -117,7 +122,10 @@ def _write_config(gguf_path: Path, out: Path, beside: list[Path], source: str) -
         for path in beside:
             shutil.copyfile(path, out / path.name)
         return
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    # AutoTokenizer reads the GGUF's config first, which transformers cannot for gpt-oss; the fast class reads the
+    # tokenizer alone.
+    reader = PreTrainedTokenizerFast if architecture == GPT_OSS or architecture in DENSE_GGUF else AutoTokenizer
+    tokenizer = reader.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     tokenizer.save_pretrained(out)
     check_tokenizer(out / "tokenizer.json", tokenizer, source)
 
@@ -144,6 +152,10 @@ def dequantized_folder(
 def _convert(gguf_path: Path, out: Path, beside: list[Path], source: str) -> None:
     # transformers' GGUF reader draws its own tqdm bar; ours already shows this step.
     os.environ.setdefault("TQDM_DISABLE", "1")
+    architecture = _general_architecture(gguf_path)
+    if architecture == GPT_OSS or architecture in DENSE_GGUF:  # transformers cannot load these from a GGUF
+        _convert_ours(gguf_path, out, beside, source)
+        return
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -163,6 +175,27 @@ def _convert(gguf_path: Path, out: Path, beside: list[Path], source: str) -> Non
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     tokenizer.save_pretrained(out)
     check_tokenizer(out / "tokenizer.json", tokenizer, source)
+
+
+def _convert_ours(gguf_path: Path, out: Path, beside: list[Path], source: str) -> None:
+    """The fp32 folder of a GGUF whose config transformers cannot read: the config folder `pkg build` writes, and
+    every tensor as the build reads it (sources/weights.py)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from packager.sources.weights import GgufWeights
+
+    _write_config(gguf_path, out, beside, source)
+    config = AutoConfig.from_pretrained(out)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    weights = GgufWeights(gguf_path, out)
+    state = {name: weights.load(name) for name in model.state_dict() if weights.has(name)}
+    missing = set(model.load_state_dict(state, strict=False).missing_keys)
+    if config.tie_word_embeddings:
+        missing -= {"lm_head.weight"}
+    if missing:
+        raise UserError(f"model.source = {source!r}: {gguf_path.name} lacks {', '.join(sorted(missing))}")
+    model.save_pretrained(out)
 
 
 def check_texts() -> list[str]:

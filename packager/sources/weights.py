@@ -24,6 +24,7 @@ import numpy as np
 
 from packager.errors import UserError
 from packager.mapped import release
+from packager.sources.gguf_dense import DENSE_GGUF, dense_processor
 from packager.sources.gguf_experts import ExpertTensor, expert_tensors
 
 
@@ -120,7 +121,8 @@ class GgufWeights:
 
         architecture = str(self._reader.fields["general.architecture"].contents())
         config = json.loads((self.config_dir / "config.json").read_text())
-        return TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config)
+        ours = dense_processor(architecture, config)  # architectures transformers reads no GGUF of (gguf_dense.py)
+        return ours if ours is not None else TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config)
 
     @cached_property
     def _gguf_names(self) -> dict[str, str]:
@@ -138,7 +140,9 @@ class GgufWeights:
         config = AutoConfig.from_pretrained(self.config_dir)
         with init_empty_weights():
             model = AutoModelForCausalLM.from_config(config)
-        return get_gguf_hf_weights_map(model, self._processor), list(model.state_dict())
+        architecture = str(self._reader.fields["general.architecture"].contents())
+        named_as = architecture if architecture in DENSE_GGUF else None  # gguf-py's name where it is not the model's
+        return get_gguf_hf_weights_map(model, self._processor, model_type=named_as), list(model.state_dict())
 
     @cached_property
     def _experts(self) -> dict[str, ExpertTensor]:

@@ -41,10 +41,13 @@ class Case:
         return {**self.published, **TINY, **self.shrink, "architectures": [self.hf_class]}
 
 
-# Every case the architecture tests build: dense decoders, rope-scaled ones, Mixture-of-Experts (one module each).
-# Imported last: those modules import `Case` from here.
-from tests.architectures.cases_dense import DENSE_CASES  # noqa: E402
-from tests.architectures.cases_moe import MOE_CASES  # noqa: E402
-from tests.architectures.cases_rope import ROPE_CASES  # noqa: E402
+def __getattr__(name: str) -> tuple[Case, ...]:
+    """`CASES`: every case the architecture tests build, dense decoders, rope-scaled ones and Mixture-of-Experts
+    (a module each, which imports `Case` from here: so they are imported on first use, whichever comes first)."""
+    if name != "CASES":
+        raise AttributeError(name)
+    from tests.architectures.cases_dense import DENSE_CASES
+    from tests.architectures.cases_moe import MOE_CASES
+    from tests.architectures.cases_rope import ROPE_CASES
 
-CASES: tuple[Case, ...] = DENSE_CASES + ROPE_CASES + MOE_CASES
+    return DENSE_CASES + ROPE_CASES + MOE_CASES

@@ -267,11 +267,11 @@ DENSE_CASES: tuple[Case, ...] = (
     ),
 )
 
-# The GGUF twin of each dense case whose architecture llama.cpp converts and transformers 5.23 reads back from a
-# GGUF (its GGUF_CONFIG_MAPPING): test_gguf_decoders.py writes it with tests/fixtures/hf_to_gguf.py. Rows of 256
-# and more so that K-quant blocks fit; where transformers' GGUF reader takes a value from its config defaults
-# rather than the file (Qwen3's and Gemma's head_dim, Gemma's query_pre_attn_scalar, Phi-3's original context)
-# the published value is kept, so that the file means what llama.cpp reads in it.
+# The GGUF twin of each dense case whose architecture llama.cpp converts (read back by transformers 5.23 or, where
+# it cannot, by packager/sources/gguf_dense.py): test_gguf_decoders.py writes it with tests/fixtures/hf_to_gguf.py.
+# Rows of 256 and more so that K-quant blocks fit; where transformers' GGUF reader takes a value from its config
+# defaults rather than the file (Qwen3's and Gemma's head_dim, Gemma's query_pre_attn_scalar, Phi-3's original
+# context) the published value is kept, so that the file means what llama.cpp reads in it.
 GGUF_SIZES: dict[str, object] = {"hidden_size": 256, "intermediate_size": 512}
 GGUF_TWINS: dict[str, dict[str, object]] = {
     "smollm2": {"num_attention_heads": 4, "num_key_value_heads": 2},
@@ -281,4 +281,13 @@ GGUF_TWINS: dict[str, dict[str, object]] = {
     "gemma2": {"head_dim": 256, "query_pre_attn_scalar": 256},
     "gemma3-1b": {"head_dim": 256, "query_pre_attn_scalar": 256},
     "nemotron-mini": {"num_attention_heads": 8, "head_dim": 32},
+    "gemma": {},
+    "granite-3-1": {},
+    "olmo": {},
+    # Phi-2's converter writes ffn = 4 x hidden and every head as a KV head; head size 80 with 32 rotary dimensions
+    # as published (its 320-wide rows take Q8_0: only the 1280-wide ffn_down rows fit K-quant blocks).
+    "phi-2": {"hidden_size": 320, "intermediate_size": 1280, "num_attention_heads": 4, "num_key_value_heads": 4},
+    "smollm3": {},
+    "ernie-4-5": {"head_dim": 128},
+    "hunyuan-dense": {"head_dim": 128},
 }
