@@ -6,11 +6,12 @@ sees before a build whether their model fits, and on which target.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
 from packager.export.architectures import ARCHITECTURES, SUPPORTED, Architecture
-from packager.sizes import SIZE_NOTES, TARGET_FITS
+from packager.sizes import GB, GB_FILE, LAMBDA_MAX_MEMORY, MB, SIZE_NOTES, TARGET_FITS, PublishedFit
 
 REFERENCE_PATH = Path(__file__).resolve().parents[1] / "docs" / "models.md"
 
@@ -53,6 +54,16 @@ def _row(a: Architecture) -> str:
     )
 
 
+def _fit_row(fit: PublishedFit) -> str:
+    """A published model's file, its serving need at the default budgets and the Lambda memory setting it needs."""
+    low, high = fit.need()
+    files = sorted({f"{size / GB_FILE:.2f}" for size in fit.file_bytes})
+    needs = sorted({f"{need.total / GB:.2f}" for need in (low, high)})
+    memory_mb = math.ceil(high.total / MB)
+    lambda_memory = f"{memory_mb} or more" if high.total <= LAMBDA_MAX_MEMORY else "does not fit"
+    return f"| {fit.model} | {'-'.join(files)} GB | {'-'.join(needs)} GiB | {lambda_memory} | {fit.targets} |"
+
+
 def render_markdown() -> str:
     lines = [_HEADER]
     lines.append(
@@ -64,9 +75,9 @@ def render_markdown() -> str:
     lines.append("")
     lines.append("## Sizes and targets\n")
     lines.append(SIZE_NOTES)
-    lines.append("| model (GGUF Q4_K_M) | file | serving memory (file + KV) | fits |")
-    lines.append("|---|---|---|---|")
-    lines += [f"| {fit.model} | {fit.file} | {fit.memory} | {fit.targets} |" for fit in TARGET_FITS]
+    lines.append("| model (GGUF Q4_K_M) | file | serving memory | Lambda `memory_mb` | also fits |")
+    lines.append("|---|---|---|---|---|")
+    lines += [_fit_row(fit) for fit in TARGET_FITS]
     return "\n".join(lines) + "\n"
 
 

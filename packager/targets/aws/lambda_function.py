@@ -29,6 +29,7 @@ from packager.errors import UserError
 from packager.paths import build_dir, bundle_dir, cache_root
 from packager.progress import StepProgress
 from packager.runtime_flags import server_flags
+from packager.sizes import bundle_size, lambda_refusals
 from packager.spec import AwsLambdaTarget, FunctionSpec
 from packager.targets.aws import common as aws
 from packager.targets.aws.common import AwsContext, AwsDeployment, AwsPlan, Driver, Resource
@@ -138,6 +139,17 @@ def check_settings(settings: AwsLambdaTarget) -> None:
         raise UserError("\n".join(problems), exit_code=2)
 
 
+def check_size(spec: FunctionSpec) -> None:
+    """Refuse, before anything is built or sent, a bundle this function's memory, image or /tmp cannot hold."""
+    settings = spec.targets.aws_lambda
+    size = bundle_size(bundle_dir(spec), spec.runtime.kv_memory_mb, spec.runtime.prefix_cache_mb)
+    package = choose_package(settings)[0]
+    tmp_mb, snapstart = settings.ephemeral_storage_mb, settings.snapstart
+    problems = lambda_refusals(size, settings.memory_mb, package, tmp_mb, snapstart)
+    if problems:
+        raise UserError(f"the bundle does not fit {TARGET}: " + "; ".join(problems), exit_code=2)
+
+
 def drivers(
     image: ImageDriver | None = None, uploads: dict[str, S3UploadDriver] | None = None, code_bucket: str = ""
 ) -> dict[str, Driver]:
@@ -158,6 +170,7 @@ def plan(spec: FunctionSpec, *, progress: StepProgress | None = None) -> AwsPlan
     """Build (or reuse) the image, then compare every resource with what exists. Touches nothing in AWS."""
     settings = spec.targets.aws_lambda
     check_settings(settings)
+    check_size(spec)
     progress = progress or StepProgress()
     digest = bundle_digest(spec)
     context = aws.connect(TARGET, settings.region, settings.endpoint_url)
@@ -198,7 +211,7 @@ def zip_package(spec: FunctionSpec, progress: StepProgress) -> ZipPackage:
     bundle = bundle_dir(spec)
     bundle_bytes = sum(entry.size for entry in read_manifest(bundle).files.values())
     tmp_mb = settings.ephemeral_storage_mb  # at most 512 with SnapStart (check_settings)
-    check_fits(zipped, bundle_bytes, tmp_mb)
+    check_fits(zipped)
     mb = 1_000_000
     progress.console.print(
         f"zip package: {zipped.path.stat().st_size / mb:.0f} MB, {zipped.unpacked_bytes / mb:.0f} MB unpacked of "

@@ -126,24 +126,15 @@ def _write_zip(tree: Path, out: Path) -> int:
     return unpacked
 
 
-def check_fits(package: ZipPackage, bundle_bytes: int, tmp_mb: int) -> None:
-    """Lambda's zip limit, and `/tmp` (where the init phase puts the bundle) holding the bundle."""
+def check_fits(package: ZipPackage) -> None:
+    """Lambda's limit on a zip package (function and layers, unpacked). Whether `/tmp`, where the init phase puts
+    the bundle, holds it was checked before the package was built (packager/sizes.py)."""
     mb = 1_000_000
-    problems = []
     if package.unpacked_bytes > ZIP_LIMIT_BYTES:
-        problems.append(
-            f"the zip package unpacks to {package.unpacked_bytes / mb:.0f} MB, over Lambda's "
-            f"{ZIP_LIMIT_BYTES / mb:.0f} MB limit for a zip package (function and layers, unpacked)"
-        )
-    if bundle_bytes > tmp_mb << 20:
-        problems.append(
-            f"the bundle is {bundle_bytes / mb:.0f} MB and /tmp (ephemeral_storage_mb) holds {tmp_mb} MB; "
-            "the init phase fetches the bundle there"
-        )
-    if problems:
         raise UserError(
-            "the zip package does not fit: " + "; ".join(problems) + '\nuse package = "image" in '
-            "[targets.aws-lambda] (a container image holds up to 10 GB; provisioned_concurrency keeps instances "
-            "warm instead of SnapStart)",
+            f"the zip package does not fit: it unpacks to {package.unpacked_bytes / mb:.0f} MB, over Lambda's "
+            f"{ZIP_LIMIT_BYTES / mb:.0f} MB limit for a zip package (function and layers, unpacked)\nuse package = "
+            '"image" in [targets.aws-lambda] (a container image holds up to 10 GB; provisioned_concurrency keeps '
+            "instances warm instead of SnapStart)",
             exit_code=2,
         )

@@ -123,6 +123,7 @@ def _preamble(region: str) -> list[str]:
 def _lambda_blocks(spec: FunctionSpec, context: AwsContext, out: Path, progress: StepProgress) -> list[str]:
     names = aws_lambda.Names.of(spec.name, context)
     aws_lambda.check_settings(spec.targets.aws_lambda)
+    aws_lambda.check_size(spec)
     if aws_lambda.choose_package(spec.targets.aws_lambda)[0] == "zip":
         return _lambda_zip_blocks(spec, context, names, out, progress)
     platform = aws_lambda.PLATFORMS[spec.targets.aws_lambda.architecture]
