@@ -13,6 +13,7 @@ from typing import Any
 
 from packager.edge.archive import BundleArchive
 from packager.edge.client import AgentClient, AgentError, DeviceAuth
+from packager.sizes import device_refusal
 
 MAX_PARALLEL = 16
 # (device, phase, bytes the device holds, total bytes): the CLI draws a progress bar per device from it.
@@ -99,10 +100,15 @@ def _push_one(
 ) -> DeviceResult:
     with AgentClient(device, auth, chunk_bytes=chunk_bytes) as client:
         progress(device, "connecting", 0, archive.size)
-        current = client.status().get("current") or {}
+        status = client.status()
+        current = status.get("current") or {}
         if current.get("digest") == archive.manifest.digest:
             progress(device, "up to date", archive.size, archive.size)
             return DeviceResult(device, "unchanged", archive.manifest.digest, detail="already serving this bundle")
+        refusal = device_refusal(archive.manifest, status.get("memory") or {})
+        if refusal is not None:  # before a byte is sent: the upload alone could take minutes
+            progress(device, "refused", 0, archive.size)
+            return DeviceResult(device, "refused", str(current.get("digest") or ""), detail=refusal)
         started = time.perf_counter()
         upload = client.upload(
             archive.path, archive.sha256, lambda held: progress(device, "upload", held, archive.size)

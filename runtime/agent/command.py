@@ -86,6 +86,7 @@ def build_app(args: argparse.Namespace, token: str | None, api_key: str | None) 
     from runtime.agent.serving import ServingOptions, ServingSlot, load_serving
     from runtime.agent.uploads import UploadStore
     from runtime.http.auth import BearerAuth
+    from runtime.startup import engine_config
 
     root = BundleRoot(args.bundle_root.resolve())
     root.prepare()
@@ -110,7 +111,9 @@ def build_app(args: argparse.Namespace, token: str | None, api_key: str | None) 
         if slot.current is not None:
             slot.current.shutdown()
 
-    control = control_app(agent_routes(installer, BearerAuth(token), args.drain_timeout, api_key), lifespan)
+    config = engine_config(args)
+    budgets = (config.kv_memory_bytes, config.prefix_cache_bytes)
+    control = control_app(agent_routes(installer, BearerAuth(token), args.drain_timeout, api_key, budgets), lifespan)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" or scope.get("path", "").startswith(AGENT_PREFIX):

@@ -5,7 +5,9 @@
   the current offset (416 with `Upload-Offset` otherwise). Answers 204 with the new `Upload-Offset`.
 - `POST /agent/uploads/{sha256}/install`: verify, unpack, load, smoke-test and switch (see `install`).
 - `POST /agent/rollback`: serve the previous bundle again.
-- `GET /agent/status`: agent version, health, current and previous bundles, install phase, history.
+- `GET /agent/status`: agent version, health, current and previous bundles, install phase, history, and memory:
+  what the agent may still allocate with the KV and prefix cache budgets it serves with (`pkg push` checks a bundle
+  against it before it uploads).
 - `GET /agent/adapters`, `PUT /agent/adapters/{name}` (the adapter file's bytes, `X-Onnxfn-Digest: sha256:HEX`),
   `DELETE /agent/adapters/{name}`: LoRA adapters added without a new bundle (`pkg adapter add --device`). The
   agent checks the digest itself, then hands the request to the served bundle's own `/v1/adapters` route:
@@ -39,6 +41,7 @@ from runtime.agent.layout import CURRENT, PREVIOUS
 from runtime.agent.uploads import ContentRange, UploadError, checked_id
 from runtime.api.errors import APIError, unavailable
 from runtime.http.auth import BearerAuth
+from runtime.memory_need import free_memory
 
 WRITE_BATCH = 1 << 20  # bytes gathered before one write, so the event loop is not stalled per network read
 LOCK_WAIT = 30.0  # seconds a chunk waits for the previous chunk of the same upload (a dead client's) to end
@@ -48,9 +51,15 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def agent_routes(
-    installer: Installer, auth: BearerAuth, drain_timeout: float, api_key: str | None = None
+    installer: Installer,
+    auth: BearerAuth,
+    drain_timeout: float,
+    api_key: str | None = None,
+    budgets: tuple[int, int] = (512 << 20, 128 << 20),
 ) -> list[Route]:
-    """`api_key`: the served bundle's /v1 key, which the adapter routes send when they hand a request on."""
+    """`api_key`: the served bundle's /v1 key, which the adapter routes send when they hand a request on.
+    `budgets`: the KV pool and prefix cache bytes a bundle is served with, reported in the status's "memory" so a
+    client can tell, before it uploads, whether a bundle fits beside what this device already uses."""
     uploads = installer.uploads
     locks: dict[str, asyncio.Lock] = {}
     started = time.time()
@@ -118,6 +127,7 @@ def agent_routes(
                 "previous": installer.describe(PREVIOUS),
                 "install": {"running": installer.phase is not None, "phase": installer.phase},
                 "history": installer.history.recent(),
+                "memory": _memory(budgets),
             }
         )
 
@@ -160,6 +170,16 @@ def agent_routes(
         Route("/agent/rollback", guarded(rollback), methods=["POST"]),
         Route("/agent/status", guarded(status), methods=["GET"]),
     ]
+
+
+def _memory(budgets: tuple[int, int]) -> dict[str, int | str] | None:
+    """What the agent's process may still allocate (its memory cgroup's limit, or the machine's available memory)
+    and the budgets a new bundle would be served with; None where it cannot be read (packager/sizes.py:
+    device_refusal reads it)."""
+    free = free_memory()
+    if free is None:
+        return None
+    return {**free.to_json(), "kv_pool_bytes": budgets[0], "prefix_cache_bytes": budgets[1]}
 
 
 def _adapter_name(request: Request) -> str:

@@ -61,9 +61,10 @@ class Device:
     def url(self) -> str:
         return f"http://{self.address}:{AGENT_PORT}"
 
-    def start(self) -> None:
+    def start(self, enter: list[str] | None = None) -> None:
+        """Start the agent in the namespace: `ip netns exec` (its own /sys), or `enter`'s command in its place."""
         command = [
-            "ip", "netns", "exec", self.namespace, sys.executable, "-m", "runtime", "agent",
+            *(enter or ["ip", "netns", "exec", self.namespace]), sys.executable, "-m", "runtime", "agent",
             "--bundle-root", str(self.root), "--token-file", str(self.token_file),
             "--host", self.address, "--port", str(AGENT_PORT),
             "--model-name", MODEL, "--max-batch", "2", "--kv-memory-mb", "64", "--threads", "1",
