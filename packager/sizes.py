@@ -1,10 +1,10 @@
 """What fits where: the limits of each deploy target and the published sizes of the models users bring.
 
 One place for the numbers the targets check a bundle against before deploying (and docs/models.md prints): a
-model is served from memory, so a target needs the packed weights (about 1.2-1.3x the bundle), the KV pool and the
-prefix cache at their budgets, and the runtime (runtime/memory_need.py: the same estimate the edge agent checks at
-install); some targets cap the files too. Every check here runs before anything is built, uploaded or created, and
-its refusal names the sizes.
+model is served from memory, so a target needs the packed weights (about 1.3x the bundle), the KV pool and the
+prefix cache at their budgets, and the runtime (runtime/memory_need.py, checked against Lambda's memory setting and
+against the free memory an edge agent reports); some targets cap the files too. Every check here runs before
+anything is built, uploaded or created, and its refusal names the sizes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What serving a bundle needs in memory, and what this machine (or the memory cgroup this process runs in) has free.
 
-One estimate for every place that refuses a bundle before loading it: the packager's targets (packager/sizes.py:
-Lambda's memory setting, a device's free memory seen through its agent's status) and the edge agent at install.
+One estimate for every place that refuses a bundle before deploying it (packager/sizes.py: Lambda's memory setting,
+and a device's free memory, which its edge agent reports in `/agent/status` from `free_memory`).
 A server holds:
 - the weights, mapped from the bundle and packed by ONNX Runtime into its kernels' layouts. MatMulNBits with int8
   compute keeps an fp32 scale and an fp32 block sum per block of 32 weights, and a GGUF type with a block minimum adds
