@@ -13,6 +13,7 @@ record that ties it to the bundle and to the files' identities (as runtime.verif
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import logging
 import os
@@ -159,24 +160,29 @@ def write_data(recipe: dict[str, Any], bundle: Bundle, out: Path, recipe_file: s
     The recipe is a bundle file, verified with the others, but it steers reads and writes, so it is held to
     what a packager writes: it reads only files the manifest lists and ranges inside them, and every tensor
     it writes lies inside the size it declares. Anything else is refused (`BundleError`) before it is done.
+
+    One tensor at a time: each source range is read into memory of its own (not through a mapping of the whole
+    file, whose pages would stay resident) and freed once its weight is written, so the process holds the largest
+    weight and its sources, whatever the model's size.
     """
-    sources: dict[str, np.memmap[Any, np.dtype[np.uint8]]] = {}
+    sources: dict[str, int] = {}  # bundle file -> an open descriptor
     size = int(recipe["size"])
+    _check_space(out.parent, size)
 
     def read(ref: dict[str, Any]) -> NDArray[Any]:
         """The tensor `ref` points at: inline, or a byte range of a bundle file; its dtype is the recipe's."""
         dtype, shape = np.dtype(ref["dtype"]), tuple(int(d) for d in ref["shape"])
         nbytes = int(np.prod(shape)) * dtype.itemsize
-        raw: bytes | NDArray[np.uint8]
+        raw: bytes | bytearray
         if "inline" in ref:
             raw = base64.b64decode(ref["inline"])
         else:
             name, offset = str(ref["file"]), int(ref["offset"])
             if name not in sources:
-                sources[name] = np.memmap(bundle.file(name), dtype=np.uint8, mode="r")
-            if offset < 0 or offset + nbytes > sources[name].size:
+                sources[name] = os.open(bundle.file(name), os.O_RDONLY | os.O_CLOEXEC)
+            if offset < 0 or offset + nbytes > os.fstat(sources[name]).st_size:
                 raise BundleError(f"{recipe_file} reads past the end of {name}; rebuild the bundle")
-            raw = sources[name][offset : offset + nbytes]
+            raw = _read_range(sources[name], offset, nbytes)
         if len(raw) != nbytes:
             raise BundleError(f"{recipe_file} holds a tensor of the wrong size; rebuild the bundle")
         return np.frombuffer(raw, dtype=dtype).reshape(shape)
@@ -188,24 +194,51 @@ def write_data(recipe: dict[str, Any], bundle: Bundle, out: Path, recipe_file: s
         if offset < 0 or offset + data.nbytes > size:
             raise BundleError(f"{recipe_file} writes past the size it declares; rebuild the bundle")
         f.seek(offset)
-        f.write(data.tobytes())
+        f.write(np.ascontiguousarray(data).reshape(-1).view(np.uint8).data)  # no second copy as bytes
 
-    with out.open("wb") as f:
-        for tensor in recipe["tensors"]:
-            if "copy" in tensor:
-                write(f, int(tensor["offset"]), read(tensor["copy"]))
-                continue
-            spec = tensor["dequantize"]
-            residual_t = read_optional(spec.get("residual_t"))  # stored as the graph multiplies by it: [blocks, N]
-            weight = dequantize_nbits(
-                read(spec["blocks"]),
-                read(spec["scales"]),
-                int(spec["bits"]),
-                int(spec["K"]),
-                read_optional(spec.get("zero_points")),
-                None if residual_t is None else residual_t.T,
-            )
-            write(f, int(tensor["offset"]), weight)
-        f.truncate(size)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with out.open("wb") as f:
+            for tensor in recipe["tensors"]:
+                if "copy" in tensor:
+                    write(f, int(tensor["offset"]), read(tensor["copy"]))
+                    continue
+                spec = tensor["dequantize"]
+                residual_t = read_optional(spec.get("residual_t"))  # stored as the graph multiplies by it: [blocks, N]
+                weight = dequantize_nbits(
+                    read(spec["blocks"]),
+                    read(spec["scales"]),
+                    int(spec["bits"]),
+                    int(spec["K"]),
+                    read_optional(spec.get("zero_points")),
+                    None if residual_t is None else residual_t.T,
+                )
+                write(f, int(tensor["offset"]), weight)
+            f.truncate(size)
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        for descriptor in sources.values():
+            os.close(descriptor)
+
+
+def _read_range(descriptor: int, offset: int, nbytes: int) -> bytearray:
+    """`nbytes` from `offset` of an open file (fewer only at its end)."""
+    buffer = bytearray(nbytes)
+    view, done = memoryview(buffer), 0
+    while done < nbytes:
+        count = os.preadv(descriptor, [view[done:]], offset + done)
+        if count == 0:
+            return buffer[:done]
+        done += count
+    return buffer
+
+
+def _check_space(directory: Path, size: int) -> None:
+    """Refuse before writing a weights file the file system cannot hold (it would fail gigabytes in)."""
+    free = shutil.disk_usage(directory).free
+    if size > free:
+        raise OSError(
+            errno.ENOSPC,
+            f"deriving {size / 2**30:.2f} GiB of fp32 prefill weights needs that much space in {directory}, "
+            f"which has {free / 2**30:.2f} GiB free",
+        )

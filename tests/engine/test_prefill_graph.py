@@ -298,6 +298,21 @@ def test_the_prefill_graph_follows_the_cpu_unless_configured(bundle: Bundle, mon
     assert graphs.bundle_graphs(bundle, throughput) == [graph_source(bundle, PREFILL_MODEL_FILE, throughput)]
 
 
+def test_auto_derives_no_fp32_copy_beyond_its_cap(bundle: Bundle, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past `FP32_PREFILL_MAX_BYTES` of fp32 weights (a 1B model's copy is 3.7 GiB), `auto` runs prompts through
+    the quantized graph even where fp32 matmuls prefill faster; an explicit choice is kept."""
+    if PREFILL_RECIPE_FILE not in bundle.manifest.files:
+        pytest.skip("the test bundle ships its fp32 prefill weights")
+    monkeypatch.setattr(graphs, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    copy = graphs.derived_bytes(bundle, PREFILL_MODEL_FILE)
+    assert copy > 3 * bundle.manifest.files["model.onnx.data"].size  # what the cap is about: ~4x the bundle
+    assert copy <= graphs.FP32_PREFILL_MAX_BYTES and prefill_graph_file(bundle, EngineConfig()) == PREFILL_MODEL_FILE
+    monkeypatch.setattr(graphs, "FP32_PREFILL_MAX_BYTES", copy - 1)  # the same bundle, as if it were larger
+    assert prefill_graph_file(bundle, EngineConfig()) == QUANTIZED_PREFILL_FILE
+    assert graphs.bundle_graphs(bundle) == [bundle.path / QUANTIZED_PREFILL_FILE]  # nothing derived
+    assert prefill_graph_file(bundle, EngineConfig(prefill_matmuls="fp32")) == PREFILL_MODEL_FILE
+
+
 def test_cpu_flags_are_the_kernels_first_cpu_line() -> None:
     flags = graphs.cpu_flags()
     text = Path("/proc/cpuinfo").read_text()
