@@ -116,7 +116,11 @@ def build_report(result: BuildResult | EncoderBuildResult, progress: StepProgres
             + [{**asdict(c), "passes": c.passes, "chosen": False, "compared_only": True} for c in compared],
         },
         "adapters": [asdict(a) for a in result.adapters] if isinstance(result, BuildResult) else [],
-        "steps": [{"name": r.name, "seconds": round(r.seconds, 3), "cached": r.cached} for r in progress.records],
+        # peak_rss_bytes: the largest resident memory of the build's whole process tree sampled during the step
+        "steps": [
+            {"name": r.name, "seconds": round(r.seconds, 3), "cached": r.cached, "peak_rss_bytes": r.peak_rss}
+            for r in progress.records
+        ],
         "seconds": round(elapsed, 3),
         "image": None,
     }
