@@ -72,7 +72,8 @@ def test_build_json_of_a_decoder(
     (chosen,) = [c for c in report["quality"]["candidates"] if c["chosen"]]
     assert chosen["precision"] == "int8" and chosen["passes"] and 0.0 <= chosen["top1_agreement"] <= 1.0
     assert [s["name"] for s in report["steps"]][-1] == "bundle"
-    assert "✓ export fp32" in err and "quality against fp32" not in err  # progress on stderr, no tables
+    # progress on stderr with each step's peak memory, no tables
+    assert "✓ export the graph's structure" in err and "peak RSS" in err and "quality against fp32" not in err
 
 
 def test_build_json_of_an_encoder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
