@@ -121,8 +121,8 @@ KEY_DOCS: dict[str, str] = {
     "endpoint": "Limits and authentication of the HTTP API.",
     "endpoint.max_tokens": "Largest `max_tokens` a request may ask for (HTTP 400 beyond it).",
     "endpoint.max_prompt_tokens": "Longest prompt accepted (default: the context minus one token; an encoder's "
-    "longest input); must be below `export.max_context`, and prompts stop one token short of the context the KV "
-    "budget leaves (`runtime.kv_memory_mb`) whatever this says.",
+    "longest input); must be below `export.max_context`, and a decoder's prompts stop one token short of the "
+    "context its KV budget leaves, whatever this says.",
     "endpoint.api_key_env": "Environment variable holding the bearer token; unset = no authentication.",
     "targets": "Per-target settings for `pkg deploy --target NAME`; a target's table is optional.",
     "targets.local": "The embedded default: the runtime server as a background process on this machine.",

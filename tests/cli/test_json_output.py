@@ -73,7 +73,8 @@ def test_build_json_of_a_decoder(
     assert chosen["precision"] == "int8" and chosen["passes"] and 0.0 <= chosen["top1_agreement"] <= 1.0
     assert [s["name"] for s in report["steps"]][-1] == "bundle"
     assert all(s["peak_rss_bytes"] > 0 for s in report["steps"])  # the process tree was sampled in every step
-    assert "✓ export the graph's structure" in err and "quality against fp32" not in err  # progress on stderr, no table
+    # progress on stderr with each step's peak memory, no tables
+    assert "✓ export the graph's structure" in err and "peak RSS" in err and "quality against fp32" not in err
 
 
 def test_build_json_of_an_encoder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
