@@ -1,0 +1,103 @@
+"""Decode at batch 1 on a gpt-oss-shaped synthetic GGUF: onnxfn's engine against llama-cpp-python on the same file.
+
+    .venv/bin/python scripts/bench_moe.py --layers 1 --rounds 5   # writes bench/moe/results.md and .json
+
+The file is packager/synthetic/gpt_oss.py's (gpt-oss-20b's layer: 32 experts of 2880 x 2880, top 4, MXFP4 experts,
+Q8_0 matrices; `--layers` of them). onnxfn's bundle is `pkg build` of it at precision `gguf` (the experts carried as
+int8 blocks for QMoE, ~2.1x their bytes). Both systems are loaded in one process, the same thread count each, and
+run in alternation, round by round, on the same prompt ids (llama.cpp's tokenizer of the text): greedy, EOS ignored,
+decode tok/s = (tokens - 1) / (last token's time - first token's). Random weights: speed only, no quality.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from packager.bench.systems.base import PromptSpec, SystemConfig  # noqa: E402
+from packager.bench.systems.llamacpp import LlamaCppSystem  # noqa: E402
+from packager.bench.systems.onnxfn import OnnxfnSystem  # noqa: E402
+from packager.synthetic.gpt_oss import GPT_OSS_20B, synthetic_gpt_oss  # noqa: E402
+
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. Mixture-of-Experts layers route every token to a few of their "
+    "experts, so a decode step reads only those experts' weights from memory."
+)
+
+
+def build(gguf: Path, root: Path) -> Path:
+    from packager.build import build_function
+    from packager.progress import StepProgress
+    from packager.spec import load_spec
+
+    folder = root / "functions" / "gpt-oss-synth"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "function.toml").write_text(
+        f'name = "gpt-oss-synth"\n[model]\nsource = "gguf:{gguf}"\n[export]\nprecision = "gguf"\nmax_context = 512\n'
+        "[export.quality]\nmin_top1_agreement = 0.0\nmax_mean_kl = 100.0\nmax_perplexity_increase_pct = 100000.0\n"
+    )
+    os.chdir(root)
+    result = build_function(load_spec(folder), StepProgress())
+    return root / result.bundle
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--bundle", type=Path, help="a bundle already built from the same file")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "moe")
+    args = parser.parse_args()
+
+    gguf = synthetic_gpt_oss(layers=args.layers)
+    bundle = args.bundle or build(gguf, Path(tempfile.mkdtemp(prefix="bench-moe-")))
+    config = dict(bundle=str(bundle), gguf=str(gguf), hf_dir="", threads=args.threads, max_batch=1,
+                  python=sys.executable, max_context=512)  # fmt: skip
+    llama = LlamaCppSystem(SystemConfig(system="llamacpp", **config))
+    onnxfn = OnnxfnSystem(SystemConfig(system="onnxfn", **config))
+    ids = llama._llama.tokenize(TEXT.encode(), add_bos=False, special=False)
+    prompt = [PromptSpec(ids=ids, text=TEXT)]
+    systems: dict[str, OnnxfnSystem | LlamaCppSystem] = {"onnxfn": onnxfn, "llamacpp": llama}
+    rates: dict[str, list[float]] = {name: [] for name in systems}
+    first: dict[str, list[int]] = {}
+    load = os.getloadavg()[0]
+    started = time.time()
+    for round_index in range(args.rounds + 1):  # round 0 warms up
+        for name, system in systems.items():
+            (timing,) = system.run(prompt, args.tokens)
+            first[name] = timing.token_ids
+            if round_index:
+                rates[name].append((timing.tokens - 1) / (timing.last - timing.first))
+    ratios = [a / b for a, b in zip(rates["onnxfn"], rates["llamacpp"], strict=True)]
+    results = {
+        "shape": {**GPT_OSS_20B.__dict__, "num_hidden_layers": args.layers},
+        "gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "bundle": str(bundle),
+        "bundle_weights_bytes": sum(p.stat().st_size for p in bundle.glob("model.onnx*")),
+        "threads": args.threads, "prompt_tokens": len(ids), "new_tokens": args.tokens, "rounds": args.rounds,
+        "decode_tok_s": {name: statistics.median(values) for name, values in rates.items()},
+        "decode_tok_s_rounds": rates, "onnxfn_x_rounds": ratios, "onnxfn_x_median": statistics.median(ratios),
+        "same_first_16_tokens": first["onnxfn"] == first["llamacpp"],
+        "load_average_at_start": load, "cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
+        "run_s": round(time.time() - started, 1), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }  # fmt: skip
+    onnxfn.close()
+    llama.close()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps({k: results[k] for k in ("decode_tok_s", "onnxfn_x_median", "onnxfn_x_rounds")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
