@@ -1,6 +1,6 @@
 """Decode at batch 1 on a gpt-oss-shaped synthetic GGUF: onnxfn's engine against llama-cpp-python on the same file.
 
-    .venv/bin/python scripts/bench_moe.py --layers 1 --rounds 5   # writes bench/moe/results.md and .json
+    .venv/bin/python scripts/bench_moe.py --layers 4 --rounds 15   # writes bench/moe/results.json (results.md: by hand)
 
 The file is packager/synthetic/gpt_oss.py's (gpt-oss-20b's layer: 32 experts of 2880 x 2880, top 4, MXFP4 experts,
 Q8_0 matrices; `--layers` of them). onnxfn's bundle is `pkg build` of it at precision `gguf` (the experts carried as
