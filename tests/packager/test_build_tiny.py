@@ -57,14 +57,10 @@ def test_build_writes_a_verified_bundle_with_fused_graph(tiny_function: Path, tm
     quality = json.loads(bundle.file("quality.json").read_text())
     assert quality["chosen"] == "int8"
     assert result.parity.identical_greedy == result.parity.prompts > 0
-    assert [r.name for r in progress.records] == [
-        "structure",
-        "reference",
-        "parity",
-        "export int8",
-        "verify int8",
-        "bundle",
-    ]
+    expected = ["structure", "reference", "parity", "export int8", "verify int8", "bundle"]
+    if next(r for r in progress.records if r.name == "parity").cached:  # the session built this model before
+        expected.remove("reference")  # the reference runs only to measure parity
+    assert [r.name for r in progress.records] == expected
 
 
 def test_unchanged_rebuild_reuses_every_step(tiny_function: Path) -> None:
