@@ -285,7 +285,7 @@ def render_build(results: dict[str, Any]) -> str:
     rows.append(["**whole build** (sampled by the bench)", report.fmt(build["wall_s"]), "100 %",
                  report.fmt(build["peak_tree_rss_bytes"] / 1e9, 2), ""])  # fmt: skip
     note = (
-        f"`{build['command']}` at {build['when']}: a fresh cache, so every step ran. Peak RSS is of the build's "
+        f"`{build['command']}`, finished {build['when']}: a fresh cache, so every step ran. Peak RSS is of the build's "
         f"whole process tree (the builder and verifier run in children), per step as `pkg build` samples it and for "
         f"the whole build as the bench sampled it. Bound: 2.5 GB + 2x the largest tensor in float32 = "
         f"{build['bound_bytes'] / 1e9:.2f} GB. Load average {build['load_average_start']:.1f} at the start, "

@@ -127,7 +127,7 @@ def run_build(repo: Path, function_dir: Path, log_path: Path, interval: float = 
         tail = log_path.read_text(errors="replace")[-1500:]
         raise SyntheticModelError(f"`pkg build {function_dir}` failed (exit {process.returncode}); {log_path}:\n{tail}")
     return {
-        "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),  # when it finished
         "command": " ".join(["ONNXFN_CACHE_DIR=<fresh>", "pkg", "build", "--json", str(function_dir)]),
         "wall_s": seconds,
         "peak_tree_rss_bytes": peak,  # sampled by the bench every `interval` s, the build's own process included
