@@ -55,6 +55,14 @@ class WeightRef:
             self._weight = self._read()
         return self._weight
 
+    def forget(self) -> None:
+        """Drop the loaded arrays once the node that needed them is written (a later `load` reads them again).
+
+        A ref outlives its node (the carry's plan holds every node's refs until the graph is written), so a weight
+        kept here stayed in memory to the end: the export's memory grew with the file instead of the largest tensor.
+        """
+        self._weight = None
+
 
 def loaded(key: str, weight: Weight) -> WeightRef:
     """A ref to a weight already in memory."""
@@ -118,6 +126,12 @@ class GraphBuilder:
         self.nodes.append(helper.make_node("Split", [joined, split], outputs, name=f"{name}/Split", axis=-1))
 
     def _matmul_run(self, x: str, output: str, ref: WeightRef, name: str) -> str:
+        try:
+            return self._matmul_arrays(x, output, ref, name)
+        finally:
+            ref.forget()  # its arrays are in the sink now: one weight in memory at a time
+
+    def _matmul_arrays(self, x: str, output: str, ref: WeightRef, name: str) -> str:
         key = ref.key
         rows, k = ref.shape
         if ref.layout[0] == "float":  # type: ignore[index]
@@ -164,6 +178,12 @@ class GraphBuilder:
 
     def gather(self, indices: str, output: str, ref: WeightRef, name: str) -> None:
         """`output = W[indices]` (an embedding lookup) on the weight's own blocks."""
+        try:
+            self._gather_arrays(indices, output, ref, name)
+        finally:
+            ref.forget()  # its arrays are in the sink now: one weight in memory at a time
+
+    def _gather_arrays(self, indices: str, output: str, ref: WeightRef, name: str) -> None:
         key = ref.key
         rows, k = ref.shape
         if ref.layout[0] == "float":  # type: ignore[index]
