@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGMLQuantizationType, GGUFWriter, LlamaFileType, RopeScalingType
-from gguf.quants import quant_shape_to_byte_shape, quantize
+from gguf.quants import quantize
 
 from packager.cache import cached_dir, digest_of
 from packager.synthetic.weights import tensor_rng
-from packager.synthetic.writer import _tokenizer_fields, _vocab_size, tokenizer_gguf
+from packager.synthetic.writer import _tokenizer_fields, _vocab_size, tokenizer_gguf, write_tensors
 
 Q = GGMLQuantizationType
 GENERATOR_VERSION = 1
@@ -145,16 +145,11 @@ def write_gpt_oss_gguf(shape: GptOssShape, path: Path, seed: int = 0) -> Path:
         for field in tokenizer:
             writer.add_key_value(field.key, field.value, field.vtype, sub_type=field.sub_type)
         writer.add_quantization_version(GGML_QUANT_VERSION)
-        plan = _tensors(shape, vocab)
-        for name, dims, qtype in plan:
-            nbytes = int(np.prod(quant_shape_to_byte_shape(dims, qtype)))
-            writer.add_tensor_info(name, dims, np.dtype(np.float32), nbytes, raw_dtype=qtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for name, dims, qtype in plan:
-            writer.write_tensor_data(_values(name, dims, qtype, shape.hidden_size, seed))
-        writer.close()
+        write_tensors(
+            writer,
+            _tensors(shape, vocab),
+            lambda name, dims, qtype: _values(name, dims, qtype, shape.hidden_size, seed),
+        )
         partial.replace(path)
     finally:
         writer.close()

@@ -17,12 +17,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_VERSION, GGUFReader, GGUFValueType, GGUFWriter, Keys
+from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, Keys
 from gguf.quants import quant_shape_to_byte_shape
 
 from packager.cache import cached_dir, digest_of
@@ -125,21 +126,32 @@ def write_synthetic_gguf(config: PublishedConfig, path: Path, mix: str = "q4_1",
         for field in tokenizer:
             writer.add_key_value(field.key, field.value, field.vtype, sub_type=field.sub_type)
         writer.add_quantization_version(GGML_QUANT_VERSION)
-        plan = [(spec, tensor_type(spec, config, mix)) for spec in tensor_plan(config, vocab_size)]
-        for spec, qtype in plan:
-            nbytes = int(np.prod(quant_shape_to_byte_shape(spec.shape, qtype)))  # F32 and F16 too: blocks of 1
-            writer.add_tensor_info(spec.name, spec.shape, np.dtype(np.float32), nbytes, raw_dtype=qtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        for spec, qtype in plan:
-            writer.write_tensor_data(file_tensor(spec, qtype, config, seed))
-        writer.close()
+        specs = {spec.name: spec for spec in tensor_plan(config, vocab_size)}
+        plan = [(spec.name, spec.shape, tensor_type(spec, config, mix)) for spec in specs.values()]
+        write_tensors(writer, plan, lambda name, _, qtype: file_tensor(specs[name], qtype, config, seed))
         partial.replace(path)
     finally:
         writer.close()
         partial.unlink(missing_ok=True)
     return path
+
+
+def write_tensors(
+    writer: GGUFWriter,
+    plan: Sequence[tuple[str, tuple[int, ...], GGMLQuantizationType]],
+    values: Callable[[str, tuple[int, ...], GGMLQuantizationType], np.ndarray],
+) -> None:
+    """Declare `plan`'s tensors (name, shape, type), write the header, then each tensor's `values` one at a time
+    (so the file is never whole in memory), and close the file."""
+    for name, dims, qtype in plan:
+        nbytes = int(np.prod(quant_shape_to_byte_shape(dims, qtype)))  # F32 and F16 too: blocks of 1
+        writer.add_tensor_info(name, dims, np.dtype(np.float32), nbytes, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for name, dims, qtype in plan:
+        writer.write_tensor_data(values(name, dims, qtype))
+    writer.close()
 
 
 def file_name(config: PublishedConfig, mix: str, seed: int) -> str:
