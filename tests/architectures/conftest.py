@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from runtime.bundle import Bundle
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.request import GenerationRequest, SamplingParams
 from tests.architectures.cases import Case
 
 
@@ -70,3 +73,22 @@ def builds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Builds]:
 
     with shared_structure_process():
         yield Builds(tmp_path_factory.mktemp("architectures"), tiny_model_cache(tmp_path_factory))
+
+
+def assert_batched_with_a_shared_prefix_as_alone(bundle: Bundle, params: SamplingParams) -> None:
+    """Four prompts sharing a 40-token prefix: decoded together (continuous batching, the prefix from the cache)
+    each row's tokens equal the row decoded alone."""
+    prefix = tuple(3 + (i * 11) % 380 for i in range(40))
+    prompts = [prefix + tuple(5 + (i * j) % 300 for j in range(5 + 3 * i)) for i in range(4)]
+    facts = bundle.manifest.model
+    config = EngineConfig(max_batch=4, max_context=256, kv_memory_bytes=4 * 256 * facts.kv_bytes_per_token())
+    engine = Engine(bundle, config)
+    try:
+        alone = [list(engine.generate(GenerationRequest(f"alone-{i}", p, params))[0].token_ids)
+                 for i, p in enumerate(prompts)]  # fmt: skip
+        streams = [engine.submit(GenerationRequest(f"batch-{i}", p, params)) for i, p in enumerate(prompts)]
+        together = [[t for out in stream for t in out.token_ids] for stream in streams]
+        assert together == alone
+        assert engine.stats().prefix_hits > 0  # the shared prefix was served from the cache
+    finally:
+        engine.shutdown()

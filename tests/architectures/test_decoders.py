@@ -20,7 +20,7 @@ from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.request import GenerationRequest, SamplingParams
 from runtime.engine.tokenizer import Tokenizer
 from tests.architectures.cases import CASES, LONG_PROMPT, Case
-from tests.architectures.conftest import Builds
+from tests.architectures.conftest import Builds, assert_batched_with_a_shared_prefix_as_alone
 
 NEW_TOKENS = 12
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
@@ -77,18 +77,4 @@ def test_builds_with_parity_and_decodes_like_transformers(case: Case, builds: Bu
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_serves_a_batch_with_a_shared_prefix_as_each_row_alone(case: Case, builds: Builds) -> None:
     _, bundle_dir = builds.get(case)
-    bundle = open_bundle(bundle_dir)
-    prefix = tuple(3 + (i * 11) % 380 for i in range(40))
-    prompts = [prefix + tuple(5 + (i * j) % 300 for j in range(5 + 3 * i)) for i in range(4)]
-    facts = bundle.manifest.model
-    config = EngineConfig(max_batch=4, max_context=256, kv_memory_bytes=4 * 256 * facts.kv_bytes_per_token())
-    engine = Engine(bundle, config)
-    try:
-        alone = [list(engine.generate(GenerationRequest(f"alone-{i}", p, GREEDY))[0].token_ids)
-                 for i, p in enumerate(prompts)]  # fmt: skip
-        streams = [engine.submit(GenerationRequest(f"batch-{i}", p, GREEDY)) for i, p in enumerate(prompts)]
-        together = [[t for out in stream for t in out.token_ids] for stream in streams]
-        assert together == alone
-        assert engine.stats().prefix_hits > 0  # the shared prefix was served from the cache
-    finally:
-        engine.shutdown()
+    assert_batched_with_a_shared_prefix_as_alone(open_bundle(bundle_dir), GREEDY)

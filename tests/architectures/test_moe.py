@@ -18,10 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from packager.export.moe import QuantizedExperts, float_moe_nodes, qmoe_layout, qmoe_node, qmoe_nodes, unpack
 from runtime.bundle import open_bundle
-from runtime.engine.engine import Engine, EngineConfig
-from runtime.engine.request import GenerationRequest, SamplingParams
+from runtime.engine.request import SamplingParams
 from tests.architectures.cases_moe import GPT_OSS
-from tests.architectures.conftest import make_model
+from tests.architectures.conftest import assert_batched_with_a_shared_prefix_as_alone, make_model
 from tests.fixtures.gguf_bundle import BundleWeights
 from tests.fixtures.moe_gguf import write_gpt_oss_gguf
 from tests.packager.conftest import write_function
@@ -98,18 +97,7 @@ def test_gpt_oss_gguf_matches_transformers_and_serves_a_batch_as_each_row_alone(
     bundle = open_bundle(bundle_dir)
     facts = bundle.manifest.model
     assert (facts.architecture, facts.precision) == ("gpt_oss", "gguf")
-    prefix = tuple(3 + (i * 11) % 380 for i in range(40))
-    prompts = [prefix + tuple(5 + (i * j) % 300 for j in range(5 + 3 * i)) for i in range(4)]
-    config = EngineConfig(max_batch=4, max_context=256, kv_memory_bytes=4 * 256 * facts.kv_bytes_per_token())
-    engine = Engine(bundle, config)
-    try:
-        alone = [list(engine.generate(GenerationRequest(f"alone-{i}", p, GREEDY))[0].token_ids)
-                 for i, p in enumerate(prompts)]  # fmt: skip
-        streams = [engine.submit(GenerationRequest(f"batch-{i}", p, GREEDY)) for i, p in enumerate(prompts)]
-        assert [[t for out in stream for t in out.token_ids] for stream in streams] == alone
-        assert engine.stats().prefix_hits > 0
-    finally:
-        engine.shutdown()
+    assert_batched_with_a_shared_prefix_as_alone(bundle, GREEDY)
 
 
 def _session(nodes: list[onnx.NodeProto], initializers: dict[str, np.ndarray]) -> Any:
