@@ -10,10 +10,10 @@ from runtime.engine.background import Idleness
 
 def test_a_loop_idle_long_enough_is_quiet_at_once() -> None:
     idleness = Idleness()
-    time.sleep(0.3)
+    time.sleep(1.1)
     started = time.monotonic()
-    assert idleness.wait_quiet(quiet_s=0.25, patience_s=5)
-    assert time.monotonic() - started < 0.2
+    assert idleness.wait_quiet(quiet_s=1.0, patience_s=5)
+    assert time.monotonic() - started < 1.0  # no second quiet period waited (bounds wide for a loaded machine)
 
 
 def test_a_busy_loop_keeps_background_work_waiting_only_for_the_patience() -> None:
@@ -21,7 +21,7 @@ def test_a_busy_loop_keeps_background_work_waiting_only_for_the_patience() -> No
     idleness.leave()
     started = time.monotonic()
     assert not idleness.wait_quiet(quiet_s=0.05, patience_s=0.3)
-    assert 0.3 <= time.monotonic() - started < 1.0
+    assert 0.3 <= time.monotonic() - started < 3.0  # gave up at the patience (upper bound wide for a loaded machine)
 
 
 def test_quiet_counts_from_when_the_loop_last_became_idle() -> None:
@@ -30,7 +30,7 @@ def test_quiet_counts_from_when_the_loop_last_became_idle() -> None:
     threading.Timer(0.2, idleness.enter).start()
     started = time.monotonic()
     assert idleness.wait_quiet(quiet_s=0.2, patience_s=5)
-    assert 0.4 <= time.monotonic() - started < 1.5  # 0.2 s busy, then 0.2 s idle in a row
+    assert 0.4 <= time.monotonic() - started < 4.0  # 0.2 s busy, then 0.2 s idle in a row; not the patience
 
 
 def test_a_loop_that_goes_busy_again_restarts_the_quiet_period() -> None:
