@@ -62,13 +62,11 @@ TRANSFORMERS_CASES = [LLAMA_1B, LLAMA_8B, QWEN_7B]
 
 
 @pytest.fixture(scope="session")
-def written(tmp_path_factory: pytest.TempPathFactory) -> dict[Case, Path]:
-    folder = tmp_path_factory.mktemp("synthetic")
-    files = {}
-    for name, mix, layers in CASES:
-        config = published_config(name).with_layers(layers)
-        files[(name, mix, layers)] = write_synthetic_gguf(config, folder / f"{name}-{mix}.gguf", mix, seed=7)
-    return files
+def written() -> dict[Case, Path]:
+    """Through the cache (`synthetic_gguf`), as the bench and the builds get them: written once per machine (~30 s);
+    test_the_cache_reuses_a_file_and_a_seed_changes_it checks that what the cache returns is what the writer
+    writes."""
+    return {(name, mix, layers): synthetic_gguf(name, mix, seed=7, layers=layers) for name, mix, layers in CASES}
 
 
 @pytest.fixture(scope="session")
