@@ -28,6 +28,7 @@ from packager.sources.gguf_dense import DENSE_GGUF, dense_config
 from packager.sources.gguf_dense import MODEL_TYPES as DENSE_MODEL_TYPES
 from packager.sources.gguf_gpt_oss import ARCHITECTURE as GPT_OSS
 from packager.sources.gguf_gpt_oss import gpt_oss_config
+from packager.sources.gguf_metadata import read_metadata
 from packager.sources.gguf_rope import add_gguf_rope
 
 DEQUANTIZE_VERSION = 3  # bump when the conversion below changes, to invalidate cached folders
@@ -46,11 +47,8 @@ _CHECK_TEXTS = (
 def gguf_architecture(gguf_path: Path) -> str:
     """The model type of a GGUF file, from its metadata: refused here, before a minute of loading, if onnxfn cannot
     export it."""
-    from gguf import GGUFReader, Keys
-
     try:
-        reader = GGUFReader(str(gguf_path))
-        architecture = str(reader.fields[Keys.General.ARCHITECTURE].contents())
+        architecture = read_metadata(gguf_path).architecture
     except (KeyError, ValueError, IndexError) as exc:
         raise UserError(
             f"{gguf_path.name} is not a readable GGUF file ({exc}); download it again", exit_code=2
@@ -67,9 +65,7 @@ def gguf_architecture(gguf_path: Path) -> str:
 
 
 def _general_architecture(gguf_path: Path) -> str:
-    from gguf import GGUFReader, Keys
-
-    return str(GGUFReader(str(gguf_path)).fields[Keys.General.ARCHITECTURE].contents())
+    return read_metadata(gguf_path).architecture
 
 
 def _gguf_name(model_type: str) -> str:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packager.sources.gguf_metadata import read_metadata
+
 _COMMON = {
     "context_length": "max_position_embeddings",
     "block_count": "num_hidden_layers",
@@ -63,26 +65,23 @@ MODEL_TYPES = {architecture: entry.model_type for architecture, entry in DENSE_G
 
 def dense_config(gguf_path: Path) -> Any:
     """The transformers config of a GGUF file of one of DENSE_GGUF's architectures."""
-    from gguf import GGUFReader
     from transformers import AutoConfig
 
-    reader = GGUFReader(str(gguf_path))
-    architecture = str(reader.fields["general.architecture"].contents())
+    metadata = read_metadata(gguf_path)
+    architecture = metadata.architecture
     entry = DENSE_GGUF[architecture]
     values: dict[str, Any] = dict(entry.fixed)
     for key, config_key in entry.keys.items():
-        gguf_field = reader.fields.get(f"{architecture}.{key}")
-        if gguf_field is not None:
-            values[config_key] = gguf_field.contents()
+        if (value := metadata.fields.get(f"{architecture}.{key}")) is not None:
+            values[config_key] = value
     for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
-        gguf_field = reader.fields.get(f"tokenizer.ggml.{key}")
-        if gguf_field is not None:
-            values[key.replace("padding", "pad")] = int(gguf_field.contents())
-    tensors = {t.name: t for t in reader.tensors}
-    values["vocab_size"] = int(tensors["token_embd.weight"].shape[-1])
+        if (value := metadata.fields.get(f"tokenizer.ggml.{key}")) is not None:
+            values[key.replace("padding", "pad")] = int(value)
+    tensors = metadata.tensors
+    values["vocab_size"] = tensors["token_embd.weight"].shape[-1]
     values["tie_word_embeddings"] = "output.weight" not in tensors
     if architecture == "phi2":  # a rotary dimension count per head (the converter's int(partial * hidden) // heads)
-        rotary = int(reader.fields["phi2.rope.dimension_count"].contents())
+        rotary = int(metadata.fields["phi2.rope.dimension_count"])
         values["partial_rotary_factor"] = rotary * values["num_attention_heads"] / values["hidden_size"]
     if architecture == "ernie4_5":
         values["use_bias"] = "blk.0.attn_q.bias" in tensors

@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from packager.sources.gguf_metadata import read_metadata
+
 ARCHITECTURE = "gpt-oss"  # llama.cpp's general.architecture
 _PUBLISHED = {
     "swiglu_limit": 7.0,
@@ -24,14 +26,13 @@ _YARN_PUBLISHED = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
 
 def gpt_oss_config(path: Path) -> Any:
     """The `GptOssConfig` of the gpt-oss GGUF at `path`."""
-    from gguf import GGUFReader
     from transformers import GptOssConfig
 
-    reader = GGUFReader(str(path))
+    metadata = read_metadata(path)
+    fields = metadata.fields
 
     def value(key: str, default: Any = None) -> Any:
-        field = reader.fields.get(key)
-        return default if field is None else field.contents()
+        return fields.get(key, default)
 
     def required(key: str) -> Any:
         found = value(f"{ARCHITECTURE}.{key}")
@@ -69,7 +70,7 @@ def gpt_oss_config(path: Path) -> Any:
         "sliding_window": int(required("attention.sliding_window")),
         "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
         "rope_parameters": rope,
-        "tie_word_embeddings": all(t.name != "output.weight" for t in reader.tensors),
+        "tie_word_embeddings": "output.weight" not in metadata.tensors,
         "vocab_size": int(vocab) if vocab is not None else None,
     }
     for name, key in (

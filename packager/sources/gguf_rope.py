@@ -19,25 +19,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from packager.sources.gguf_metadata import read_metadata
+
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 
 def gguf_rope_scaling(gguf_path: Path, max_position_embeddings: int) -> dict[str, Any] | None:
     """The rope scaling parameters (transformers' names) the GGUF carries, or None."""
-    import numpy as np
-    from gguf import MODEL_TENSOR, TENSOR_NAMES, GGUFReader, Keys
+    from gguf import MODEL_TENSOR, TENSOR_NAMES, Keys
 
-    reader = GGUFReader(str(gguf_path))
-    architecture = str(reader.fields[Keys.General.ARCHITECTURE].contents())
-
-    def field(key: str) -> Any:
-        found = reader.fields.get(key.format(arch=architecture))
-        return None if found is None else found.contents()
+    metadata = read_metadata(gguf_path)
+    field = metadata.field
 
     def factors(tensor: MODEL_TENSOR) -> list[float] | None:
         name = TENSOR_NAMES[tensor] + ".weight"
-        found = next((t for t in reader.tensors if t.name == name), None)
-        return None if found is None else [float(x) for x in np.asarray(found.data, np.float32).reshape(-1)]
+        return [float(x) for x in metadata.float32(name)] if name in metadata.tensors else None
 
     original = field(Keys.Rope.SCALING_ORIG_CTX_LEN)
     long, short = factors(MODEL_TENSOR.ROPE_FACTORS_LONG), factors(MODEL_TENSOR.ROPE_FACTORS_SHORT)
@@ -72,18 +68,9 @@ def add_gguf_rope(gguf_path: Path, config: Any) -> None:
     rope = dict(config.rope_parameters or {})  # rope_theta, partial_rotary_factor stay
     if isinstance(rope.get(FULL), dict):  # one rope per layer type: llama.cpp scales the global layers'
         rope[FULL] = {**rope[FULL], **(scaling or {})}
-        sliding_base = _field(gguf_path, "{arch}.rope.freq_base_swa")
+        sliding_base = read_metadata(gguf_path).field("{arch}.rope.freq_base_swa")
         if sliding_base is not None and isinstance(rope.get(SLIDING), dict):
             rope[SLIDING] = {**rope[SLIDING], "rope_theta": float(sliding_base)}
     elif scaling is not None:
         rope = {**rope, **scaling}
     config.rope_parameters = rope
-
-
-def _field(gguf_path: Path, key: str) -> Any:
-    from gguf import GGUFReader, Keys
-
-    reader = GGUFReader(str(gguf_path))
-    architecture = str(reader.fields[Keys.General.ARCHITECTURE].contents())
-    found = reader.fields.get(key.format(arch=architecture))
-    return None if found is None else found.contents()
