@@ -4,7 +4,9 @@ gguf's `GGUFReader` makes a numpy view of every element of every array: opening 
 48,900 merges) takes ~7 s and ~1 M views, and a 128k-token Llama 3 vocabulary ~2.6x that; a build opened it four
 times just to read `general.architecture` and the rope keys (29 s of a 1B model's config step). The readers here
 decode scalars, strings and numeric arrays, and step over string arrays by their lengths (keeping only their
-count), which is all the config and rope readers need. Tensor data is left to `GGUFReader` (weights.py).
+count), which is all the config and rope readers need; `mapped_tensors` gives the tensors as GGUFReader's own
+`ReaderTensor`s over one mapping of the file, built from this table (weights.py: each build step that reads weights
+opened a GGUFReader, and its views stay resident while the step runs).
 
 The layout is the GGUF specification's (ggml/docs/gguf.md): header, key/value pairs, tensor infos, then the data,
 aligned to `general.alignment` (32 by default).
@@ -16,7 +18,7 @@ import functools
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
@@ -50,6 +52,7 @@ class GgufMetadata:
     path: Path
     fields: dict[str, Any]
     tensors: dict[str, TensorInfo]
+    byte_order: Literal["<", ">"]  # struct's and numpy's prefix
 
     @property
     def architecture(self) -> str:
@@ -81,7 +84,8 @@ def _read(path: Path, size: int, mtime_ns: int) -> GgufMetadata:
 
 class _Parser:
     def __init__(self, file: BinaryIO, path: Path) -> None:
-        self.file, self.path, self.order = file, path, "<"
+        self.file, self.path = file, path
+        self.order: Literal["<", ">"] = "<"
 
     def parse(self) -> GgufMetadata:
         if self.file.read(4) != _MAGIC:
@@ -105,7 +109,7 @@ class _Parser:
         alignment = int(fields.get("general.alignment", _DEFAULT_ALIGNMENT))
         start = -(-self.file.tell() // alignment) * alignment
         tensors = {name: TensorInfo(name, shape, kind, start + offset) for name, shape, kind, offset in infos}
-        return GgufMetadata(self.path, fields, tensors)
+        return GgufMetadata(self.path, fields, tensors, self.order)
 
     def _unpack(self, codes: str) -> tuple[Any, ...]:
         layout = struct.Struct(self.order + codes)
@@ -135,3 +139,33 @@ class _Parser:
             dtype = np.dtype(self.order + _SCALARS[item_type])
             return np.frombuffer(self.file.read(dtype.itemsize * count), dtype=dtype).tolist()
         return [self._value(item_type) for _ in range(count)]  # arrays of arrays: rare and small
+
+
+# The types GGUFReader maps as typed arrays; every other type as its blocks' bytes.
+_ARRAY_TYPES = {0: np.float32, 1: np.float16, 24: np.int8, 25: np.int16, 26: np.int32, 27: np.int64, 28: np.float64}
+
+
+def mapped_tensors(path: Path) -> tuple[np.memmap, dict[str, Any]]:
+    """`path` mapped once (read-only), and each tensor as the `ReaderTensor` GGUFReader would give (the same
+    `data` view, shape and type), built from the quick table: `(the mapping, {name: tensor})`."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.gguf_reader import ReaderTensor
+    from gguf.quants import quant_shape_to_byte_shape
+
+    metadata = read_metadata(path)
+    mapping = np.memmap(path, mode="r")
+    tensors = {}
+    for name, info in metadata.tensors.items():
+        kind = GGMLQuantizationType(info.type)
+        elements = int(np.prod(info.shape))
+        block_size, type_size = GGML_QUANT_SIZES[kind]
+        n_bytes = elements * type_size // block_size
+        dims = tuple(reversed(info.shape))
+        if info.type in _ARRAY_TYPES:
+            dtype = np.dtype(_ARRAY_TYPES[info.type]).newbyteorder(metadata.byte_order)
+        else:
+            dtype, dims = np.dtype(np.uint8), quant_shape_to_byte_shape(dims, kind)
+        data = mapping[info.offset : info.offset + n_bytes].view(dtype).reshape(dims)
+        shape = np.array(info.shape, dtype=np.uint64)
+        tensors[name] = ReaderTensor(name, kind, shape, elements, n_bytes, info.offset, data, None)  # type: ignore[arg-type]
+    return mapping, tensors

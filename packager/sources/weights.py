@@ -26,6 +26,7 @@ from packager.errors import UserError
 from packager.mapped import release
 from packager.sources.gguf_dense import DENSE_GGUF, dense_processor
 from packager.sources.gguf_experts import ExpertTensor, expert_tensors
+from packager.sources.gguf_metadata import mapped_tensors, read_metadata
 
 
 class WeightSource(Protocol):
@@ -106,20 +107,22 @@ class GgufWeights:
         self.config_dir = config_dir
 
     @cached_property
-    def _reader(self) -> Any:
-        from gguf import GGUFReader
-
-        return GGUFReader(str(self.file))
+    def _mapped(self) -> tuple[np.memmap, dict[str, Any]]:
+        return mapped_tensors(self.file)  # not GGUFReader: it parses the vocabulary (gguf_metadata.py)
 
     @cached_property
     def _tensors(self) -> dict[str, Any]:
-        return {t.name: t for t in self._reader.tensors}
+        return self._mapped[1]
+
+    @cached_property
+    def _architecture(self) -> str:
+        return read_metadata(self.file).architecture
 
     @cached_property
     def _processor(self) -> Any:
         from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-        architecture = str(self._reader.fields["general.architecture"].contents())
+        architecture = self._architecture
         config = json.loads((self.config_dir / "config.json").read_text())
         ours = dense_processor(architecture, config)  # architectures transformers reads no GGUF of (gguf_dense.py)
         return ours if ours is not None else TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config)
@@ -140,14 +143,14 @@ class GgufWeights:
         config = AutoConfig.from_pretrained(self.config_dir)
         with init_empty_weights():
             model = AutoModelForCausalLM.from_config(config)
-        architecture = str(self._reader.fields["general.architecture"].contents())
+        architecture = self._architecture
         named_as = architecture if architecture in DENSE_GGUF else None  # gguf-py's name where it is not the model's
         return get_gguf_hf_weights_map(model, self._processor, model_type=named_as), list(model.state_dict())
 
     @cached_property
     def _experts(self) -> dict[str, ExpertTensor]:
         """The Hugging Face tensors that are rows of GGUF expert tensors (gguf_experts.py)."""
-        architecture = str(self._reader.fields["general.architecture"].contents())
+        architecture = self._architecture
         return expert_tensors(architecture, self._weightless_mapping[1], set(self._tensors))
 
     def experts(self, name: str) -> ExpertTensor | None:
@@ -182,7 +185,7 @@ class GgufWeights:
 
     def release(self) -> None:
         """Give back the mapped file's pages read so far (packager/mapped.py)."""
-        release(self._reader.data)
+        release(self._mapped[0])
 
     def rows(self, name: str) -> GgufRows | None:
         """Which GGUF rows `name`'s rows are, when the converter only reordered them (else None).
