@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader
 
 from packager.bench.machine import ContentionMeter
 from packager.memory import tree_rss
+from packager.sources.gguf_metadata import read_metadata
 from packager.spec import FunctionSpec, load_spec
 from packager.synthetic import synthetic_gguf
 from runtime.bundle import read_manifest
@@ -93,8 +93,7 @@ def write_function(repo: Path, model: SyntheticModel, gguf: Path, threads: int) 
 
 def largest_tensor_fp32_bytes(gguf: Path) -> int:
     """Bytes of the file's largest tensor in float32 (the embedding, at these shapes)."""
-    reader = GGUFReader(gguf)
-    return 4 * max(int(np.prod(tensor.shape)) for tensor in reader.tensors)
+    return 4 * max(int(np.prod(tensor.shape)) for tensor in read_metadata(gguf).tensors.values())
 
 
 def memory_bound(gguf: Path) -> float:
