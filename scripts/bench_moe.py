@@ -7,6 +7,13 @@ Q8_0 matrices; `--layers` of them). onnxfn's bundle is `pkg build` of it at prec
 int8 blocks for QMoE, ~2.1x their bytes). Both systems are loaded in one process, the same thread count each, and
 run in alternation, round by round, on the same prompt ids (llama.cpp's tokenizer of the text): greedy, EOS ignored,
 decode tok/s = (tokens - 1) / (last token's time - first token's). Random weights: speed only, no quality.
+
+`--streams 8` adds concurrent streams over HTTP, as users reach each system: onnxfn's server (continuous batching)
+against llama_cpp.server on the same file, all streams submitted at once, aggregate tok/s = tokens / time to the
+last token, round by round in alternation. Each decode figure is set against the active-parameter bandwidth limit:
+the machine's read bandwidth over the bytes one token must read (every weight but the experts and the embedding,
+the routed top-k of n experts' share, one embedding row), for the GGUF (llama.cpp reads its blocks) and for the
+bundle (its experts are int8 for QMoE).
 """
 
 from __future__ import annotations
@@ -24,9 +31,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from packager.bench.systems.base import PromptSpec, SystemConfig  # noqa: E402
+from packager.bench.machine import read_bandwidth  # noqa: E402
+from packager.bench.moe import active_bytes_per_token  # noqa: E402
+from packager.bench.systems.base import PromptSpec, StreamTiming, SystemConfig  # noqa: E402
 from packager.bench.systems.llamacpp import LlamaCppSystem  # noqa: E402
 from packager.bench.systems.onnxfn import OnnxfnSystem  # noqa: E402
+from packager.bench.systems.server import ServerSystem  # noqa: E402
 from packager.synthetic.gpt_oss import GPT_OSS_20B, synthetic_gpt_oss  # noqa: E402
 
 TEXT = (
@@ -57,6 +67,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--streams", type=int, default=0, help="also N concurrent streams over HTTP (0: none)")
     parser.add_argument("--bundle", type=Path, help="a bundle already built from the same file")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "moe")
     args = parser.parse_args()
@@ -80,23 +91,58 @@ def main() -> None:
             first[name] = timing.token_ids
             if round_index:
                 rates[name].append((timing.tokens - 1) / (timing.last - timing.first))
+    onnxfn.close()
+    llama.close()
     ratios = [a / b for a, b in zip(rates["onnxfn"], rates["llamacpp"], strict=True)]
+    bandwidth = max(read_bandwidth(repetitions=5, threads=args.threads).values())
+    active = active_bytes_per_token(gguf, bundle)
+    decode = {name: statistics.median(values) for name, values in rates.items()}
+    reads = {"onnxfn": active["bundle"], "llamacpp": active["gguf"]}
+    limits = {name: bandwidth / reads[name] for name in systems}
+    streams = concurrent(config, args) if args.streams else None
     results = {
         "shape": {**GPT_OSS_20B.__dict__, "num_hidden_layers": args.layers},
         "gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "bundle": str(bundle),
         "bundle_weights_bytes": sum(p.stat().st_size for p in bundle.glob("model.onnx*")),
         "threads": args.threads, "prompt_tokens": len(ids), "new_tokens": args.tokens, "rounds": args.rounds,
-        "decode_tok_s": {name: statistics.median(values) for name, values in rates.items()},
+        "decode_tok_s": decode,
+        "read_bandwidth_bytes_s": bandwidth, "active_bytes_per_token": active,
+        "limit_tok_s": limits, "of_limit": {name: decode[name] / limits[name] for name in systems},
+        "streams": streams,
         "decode_tok_s_rounds": rates, "onnxfn_x_rounds": ratios, "onnxfn_x_median": statistics.median(ratios),
         "same_first_16_tokens": first["onnxfn"] == first["llamacpp"],
         "load_average_at_start": load, "cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
         "run_s": round(time.time() - started, 1), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }  # fmt: skip
-    onnxfn.close()
-    llama.close()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps({k: results[k] for k in ("decode_tok_s", "onnxfn_x_median", "onnxfn_x_rounds")}, indent=2))
+    shown = ("decode_tok_s", "of_limit", "onnxfn_x_median", "onnxfn_x_rounds", "streams")
+    print(json.dumps({k: results[k] for k in shown}, indent=2))
+
+
+def concurrent(config: dict[str, object], args: argparse.Namespace) -> dict[str, object]:
+    """`args.streams` streams at once over HTTP to each server, `args.rounds` rounds in alternation after a
+    warm-up: aggregate decode tok/s per round (all tokens / time from submission to the last token)."""
+    servers = {
+        name: ServerSystem(SystemConfig(system=name, **{**config, "max_batch": args.streams}))  # type: ignore[arg-type]
+        for name in ("onnxfn-http", "llamacpp-server")
+    }
+    prompts = [PromptSpec(ids=[], text=f"Stream {index}: {TEXT}") for index in range(args.streams)]
+    rates: dict[str, list[float]] = {name: [] for name in servers}
+    try:
+        for round_index in range(args.rounds + 1):
+            for name, server in servers.items():
+                timings: list[StreamTiming] = server.run(prompts, args.tokens)
+                if round_index:
+                    rates[name].append(sum(t.tokens for t in timings) / max(t.last for t in timings))
+    finally:
+        for server in servers.values():
+            server.close()
+    ratios = [a / b for a, b in zip(rates["onnxfn-http"], rates["llamacpp-server"], strict=True)]
+    return {
+        "streams": args.streams, "aggregate_tok_s": {name: statistics.median(v) for name, v in rates.items()},
+        "aggregate_tok_s_rounds": rates, "onnxfn_x_rounds": ratios, "onnxfn_x_median": statistics.median(ratios),
+    }  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 from onnx import TensorProto, helper, numpy_helper
 
+from packager.bench.moe import active_bytes_per_token
 from packager.export.moe import QuantizedExperts, float_moe_nodes, qmoe_layout, qmoe_node, qmoe_nodes, unpack
 from runtime.bundle import open_bundle
 from runtime.engine.request import SamplingParams
@@ -171,6 +172,27 @@ def test_the_gguf_bundle_is_within_the_mxfp4_to_int8_growth(gpt_oss_gguf: tuple[
     assert weights <= rest * 1.5 + experts * 9 / 4.25 * 1.05, (weights, rest, experts)
     model = onnx.load(str(bundle_dir / "model.onnx"), load_external_data=False)
     assert not [n for n in model.graph.node if n.op_type == "MoE"]
+
+
+def test_a_decode_token_reads_the_routed_share_of_the_experts(gpt_oss_gguf: tuple[Path, Path, Path]) -> None:
+    """The active bytes behind the MoE bench's bandwidth limit: everything but the experts and the embedding, the
+    routed top-k of n experts, one embedding row; in the file and in the decode graph (its QMoE inputs)."""
+    hf, gguf_path, bundle_dir = gpt_oss_gguf
+    reader = GGUFReader(str(gguf_path))
+    sizes = {t.name: int(t.n_bytes) for t in reader.tensors}
+    experts = sum(size for name, size in sizes.items() if "_exps." in name)
+    embedding = reader.tensors[[t.name for t in reader.tensors].index("token_embd.weight")]
+    config = json.loads((hf / "config.json").read_text())
+    routed = config["num_experts_per_tok"] / config["num_local_experts"]
+    active = active_bytes_per_token(gguf_path, bundle_dir)
+    assert active["routed_share"] == routed
+    vocab = int(embedding.shape[-1])
+    expected = sum(sizes.values()) - experts * (1 - routed) - int(embedding.n_bytes) * (1 - 1 / vocab)
+    assert active["gguf"] == pytest.approx(expected)
+    # The bundle's experts are int8 (~2.1x the MXFP4 bytes) and its embedding a gathered table: a token reads more
+    # than the file's active bytes, and far less than the bundle's weights.
+    weights = open_bundle(bundle_dir).manifest.files["model.onnx.data"].size
+    assert active["gguf"] < active["bundle"] < weights - experts * (1 - routed)
 
 
 def test_gpt_oss_at_int4_quantizes_each_expert_as_the_builders_cpu_path(
