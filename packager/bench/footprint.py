@@ -92,12 +92,16 @@ def graph_weight_bytes(model_path: Path) -> int:
     """Bytes of every initializer an ONNX graph uses, in its own file or in external data files."""
     import onnx
 
-    model = onnx.load(str(model_path), load_external_data=False)
-    total = 0
+    return sum(initializer_bytes(onnx.load(str(model_path), load_external_data=False)).values())
+
+
+def initializer_bytes(model: Any) -> dict[str, int]:
+    """Each initializer's bytes (an onnx ModelProto loaded without its external data)."""
+    sizes = {}
     for tensor in model.graph.initializer:
         external = {entry.key: entry.value for entry in tensor.external_data}
-        total += int(external["length"]) if "length" in external else tensor.ByteSize()
-    return total
+        sizes[tensor.name] = int(external["length"]) if "length" in external else tensor.ByteSize()
+    return sizes
 
 
 def bandwidth_limits(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from packager.bench.footprint import initializer_bytes
 from packager.sources.gguf_metadata import read_metadata
 
 EXPERT_MARK = "_exps."  # llama.cpp's stacked expert tensors: ffn_{gate,up,down}_exps and their biases
@@ -20,21 +21,11 @@ def active_bytes_per_token(gguf: Path, bundle: Path) -> dict[str, float]:
     """{"gguf": bytes, "bundle": bytes} one decode token reads at batch 1, and the routed share (top-k / n)."""
     metadata = read_metadata(gguf)
     routed = int(metadata.field("{arch}.expert_used_count")) / int(metadata.field("{arch}.expert_count"))
-    sizes = {name: _gguf_bytes(info.shape, info.type) for name, info in metadata.tensors.items()}
+    sizes = {name: info.n_bytes for name, info in metadata.tensors.items()}
     experts = sum(size for name, size in sizes.items() if EXPERT_MARK in name)
     embedding_shape = metadata.tensors["token_embd.weight"].shape
     in_file = _active(sum(sizes.values()), experts, sizes["token_embd.weight"], embedding_shape[-1], routed)
     return {"gguf": in_file, "bundle": _bundle_active(bundle / "model.onnx", routed), "routed_share": routed}
-
-
-def _gguf_bytes(shape: tuple[int, ...], kind: int) -> int:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-    elements = 1
-    for dimension in shape:
-        elements *= dimension
-    return elements * size // block
 
 
 def _active(total: int, experts: int, embedding: int, vocab: int, routed: float) -> float:
@@ -45,11 +36,8 @@ def _bundle_active(model_path: Path, routed: float) -> float:
     import onnx
 
     model = onnx.load(str(model_path), load_external_data=False)
-    sizes, rows = {}, {}
-    for tensor in model.graph.initializer:
-        external = {entry.key: entry.value for entry in tensor.external_data}
-        sizes[tensor.name] = int(external["length"]) if "length" in external else tensor.ByteSize()
-        rows[tensor.name] = int(tensor.dims[0]) if tensor.dims else 1
+    sizes = initializer_bytes(model)
+    rows = {tensor.name: int(tensor.dims[0]) if tensor.dims else 1 for tensor in model.graph.initializer}
     experts = {
         name for node in model.graph.node if node.op_type in MOE_OPS for name in node.input[ROUTED_INPUTS:] if name
     }

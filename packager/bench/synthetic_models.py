@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from packager.bench.machine import ContentionMeter
 from packager.memory import tree_rss
 from packager.sources.gguf_metadata import read_metadata
@@ -93,7 +91,7 @@ def write_function(repo: Path, model: SyntheticModel, gguf: Path, threads: int) 
 
 def largest_tensor_fp32_bytes(gguf: Path) -> int:
     """Bytes of the file's largest tensor in float32 (the embedding, at these shapes)."""
-    return 4 * max(int(np.prod(tensor.shape)) for tensor in read_metadata(gguf).tensors.values())
+    return 4 * max(tensor.elements for tensor in read_metadata(gguf).tensors.values())
 
 
 def memory_bound(gguf: Path) -> float:

@@ -46,6 +46,18 @@ class TensorInfo:
     type: int  # a gguf.GGMLQuantizationType value
     offset: int  # absolute, in the file
 
+    @property
+    def elements(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def n_bytes(self) -> int:
+        """Bytes of its data in the file (whole blocks of its type)."""
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(self.type)]
+        return self.elements * type_size // block_size
+
 
 @dataclass(frozen=True)
 class GgufMetadata:
@@ -67,7 +79,7 @@ class GgufMetadata:
         info = self.tensors[name]
         if info.type != 0:
             raise ValueError(f"{name} is not F32")
-        return np.fromfile(self.path, dtype=np.float32, count=int(np.prod(info.shape)), offset=info.offset)
+        return np.fromfile(self.path, dtype=np.float32, count=info.elements, offset=info.offset)
 
 
 def read_metadata(path: Path) -> GgufMetadata:
@@ -148,7 +160,7 @@ _ARRAY_TYPES = {0: np.float32, 1: np.float16, 24: np.int8, 25: np.int16, 26: np.
 def mapped_tensors(path: Path) -> tuple[np.memmap, dict[str, Any]]:
     """`path` mapped once (read-only), and each tensor as the `ReaderTensor` GGUFReader would give (the same
     `data` view, shape and type), built from the quick table: `(the mapping, {name: tensor})`."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf import GGMLQuantizationType
     from gguf.gguf_reader import ReaderTensor
     from gguf.quants import quant_shape_to_byte_shape
 
@@ -157,9 +169,7 @@ def mapped_tensors(path: Path) -> tuple[np.memmap, dict[str, Any]]:
     tensors = {}
     for name, info in metadata.tensors.items():
         kind = GGMLQuantizationType(info.type)
-        elements = int(np.prod(info.shape))
-        block_size, type_size = GGML_QUANT_SIZES[kind]
-        n_bytes = elements * type_size // block_size
+        elements, n_bytes = info.elements, info.n_bytes
         dims = tuple(reversed(info.shape))
         if info.type in _ARRAY_TYPES:
             dtype = np.dtype(_ARRAY_TYPES[info.type]).newbyteorder(metadata.byte_order)

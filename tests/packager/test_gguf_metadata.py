@@ -28,9 +28,9 @@ def test_every_field_and_tensor_is_gguf_readers() -> None:
         mine = metadata.fields[key]
         assert (len(mine) == len(value)) if isinstance(mine, StringArray) else mine == value, key
     assert len(metadata.fields["tokenizer.ggml.tokens"]) == 49152
-    assert {t.name: (tuple(map(int, t.shape)), int(t.tensor_type), t.data_offset) for t in reader.tensors} == {
-        name: (info.shape, info.type, info.offset) for name, info in metadata.tensors.items()
-    }
+    assert {
+        t.name: (tuple(map(int, t.shape)), int(t.tensor_type), t.data_offset, int(t.n_bytes)) for t in reader.tensors
+    } == {name: (info.shape, info.type, info.offset, info.n_bytes) for name, info in metadata.tensors.items()}
     assert metadata.architecture == "llama" and metadata.field("{arch}.block_count") == 30
     # The tensors over one mapping are GGUFReader's: same views (dtype, shape, bytes), shapes, types and sizes.
     _, mapped = mapped_tensors(path)
