@@ -27,6 +27,7 @@ _DEFAULT_ALIGNMENT = 32
 # GGUF value types: their struct codes (the scalars), 8 = string, 9 = array.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+_MAX_DIMENSIONS = 4  # ggml's GGML_MAX_DIMS
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,9 @@ class _Parser:
     def __init__(self, file: BinaryIO, path: Path) -> None:
         self.file, self.path = file, path
         self.order: Literal["<", ">"] = "<"
+        # Every count and length is checked against what is left of the file before it is acted on: a damaged
+        # or hostile file fails with one ValueError, never a huge read or a loop over a count it cannot hold.
+        self.size = path.stat().st_size
 
     def parse(self) -> GgufMetadata:
         if self.file.read(4) != _MAGIC:
@@ -106,15 +110,19 @@ class _Parser:
         if version & 0xFFFF == 0:  # written on a big-endian machine
             self.order = ">"
         tensor_count, field_count = self._unpack("QQ")
+        self._fits(field_count, 12)  # a key's length and a value type, at least
         fields = {}
         for _ in range(field_count):
             key = self._string()
             (value_type,) = self._unpack("I")
             fields[key] = self._value(value_type)
+        self._fits(tensor_count, 24)  # a name's length, a dimension count, a type and an offset, at least
         infos = []
         for _ in range(tensor_count):
             name = self._string()
             (dimensions,) = self._unpack("I")
+            if dimensions > _MAX_DIMENSIONS:
+                raise ValueError(f"{self.path.name}: tensor {name!r} has {dimensions} dimensions")
             shape = self._unpack("Q" * dimensions)
             tensor_type, offset = self._unpack("IQ")
             infos.append((name, tuple(int(n) for n in shape), int(tensor_type), int(offset)))
@@ -130,8 +138,13 @@ class _Parser:
             raise ValueError(f"{self.path.name} ends inside its metadata")
         return layout.unpack(data)
 
+    def _fits(self, count: int, each: int) -> None:
+        if count * each > self.size - self.file.tell():
+            raise ValueError(f"{self.path.name} ends inside its metadata")
+
     def _string(self) -> str:
         (length,) = self._unpack("Q")
+        self._fits(length, 1)
         return self.file.read(length).decode("utf-8", errors="replace")
 
     def _value(self, value_type: int) -> Any:
@@ -143,13 +156,21 @@ class _Parser:
             raise ValueError(f"{self.path.name} holds an unknown GGUF value type {value_type}")
         item_type, count = self._unpack("IQ")
         if item_type == _STRING:  # step over each string by its length
+            self._fits(count, 8)
             length_of, read, seek = struct.Struct(self.order + "Q").unpack, self.file.read, self.file.seek
             for _ in range(count):
-                seek(length_of(read(8))[0], 1)
+                length = read(8)
+                if len(length) != 8:
+                    raise ValueError(f"{self.path.name} ends inside its metadata")
+                seek(length_of(length)[0], 1)
+            if self.file.tell() > self.size:
+                raise ValueError(f"{self.path.name} ends inside its metadata")
             return StringArray(count)
         if item_type in _SCALARS:
             dtype = np.dtype(self.order + _SCALARS[item_type])
+            self._fits(count, dtype.itemsize)
             return np.frombuffer(self.file.read(dtype.itemsize * count), dtype=dtype).tolist()
+        self._fits(count, 12)  # each an array's item type and count, at least
         return [self._value(item_type) for _ in range(count)]  # arrays of arrays: rare and small
 
 

@@ -3,6 +3,7 @@ values), and refuses a cut file."""
 
 from __future__ import annotations
 
+import struct
 import time
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFWriter
 
+from packager.errors import UserError
+from packager.sources.gguf import gguf_architecture
 from packager.sources.gguf_metadata import StringArray, mapped_tensors, read_metadata
 from packager.synthetic.writer import tokenizer_gguf
 
@@ -71,3 +74,33 @@ def test_f32_tensors_and_a_cut_file(tmp_path: Path) -> None:
     cut.write_bytes(b"GGML" + path.read_bytes()[4:])
     with pytest.raises(ValueError, match="does not start with GGUF's magic"):
         read_metadata(cut)
+
+
+def _key(name: str) -> bytes:
+    return struct.pack("<Q", len(name)) + name.encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (struct.pack("<QQ", 0, 1) + struct.pack("<Q", 1 << 62), "ends inside its metadata"),  # a key 2^62 long
+        (struct.pack("<QQ", 0, 1 << 60), "ends inside its metadata"),  # 2^60 fields
+        (struct.pack("<QQ", 1 << 60, 0), "ends inside its metadata"),  # 2^60 tensors
+        (struct.pack("<QQ", 0, 1) + _key("a") + struct.pack("<IIQ", 9, 8, 1 << 59), "ends inside its metadata"),
+        (struct.pack("<QQ", 0, 1) + _key("a") + struct.pack("<IIQ", 9, 8, 2) + struct.pack("<Q", 1 << 40), "ends"),
+        (struct.pack("<QQ", 0, 1) + _key("a") + struct.pack("<IIQ", 9, 6, 1 << 61), "ends inside its metadata"),
+        (struct.pack("<QQ", 1, 0) + _key("t") + struct.pack("<I", 1 << 30), "has 1073741824 dimensions"),
+    ],
+    ids=["key-length", "fields", "tensors", "strings", "string-length", "floats", "dimensions"],
+)
+def test_a_hostile_header_is_refused_at_once_in_bounded_memory(tmp_path: Path, body: bytes, problem: str) -> None:
+    """Counts and lengths beyond the file: one ValueError (gguf_architecture's 'not a readable GGUF file'), with no
+    huge read and no loop over the count."""
+    path = tmp_path / "hostile.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<I", 3) + body + b"\0" * 64)
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match=problem):
+        read_metadata(path)
+    assert time.perf_counter() - started < 1.0
+    with pytest.raises(UserError, match="is not a readable GGUF file"):
+        gguf_architecture(path)
