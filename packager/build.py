@@ -9,6 +9,7 @@ so an unchanged rebuild only re-checks the bundle.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections import Counter
@@ -17,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from importlib import metadata
 from pathlib import Path
+
+import numpy as np
 
 from packager.adapters.build import (
     AdapterQuality,
@@ -33,6 +36,7 @@ from packager.cache import cached_json, digest_of
 from packager.encoder.build import EncoderBuildResult, build_encoder_function
 from packager.errors import UserError
 from packager.export.builder import (
+    CARRY_REPORT,
     ExportOptions,
     ExportResult,
     StructureResult,
@@ -41,8 +45,10 @@ from packager.export.builder import (
     export_key,
     export_structure,
 )
+from packager.export.gguf.experts import requantized_experts
 from packager.export.graph import check_decoder_graph
 from packager.export.lora import LORA_GRAPH_VERSION
+from packager.export.materialize import Rewrite
 from packager.export.prefill import PREFILL_GRAPH_VERSION
 from packager.paths import bundle_dir
 from packager.progress import StepProgress
@@ -241,11 +247,19 @@ def _reference(
 ) -> System | None:
     """The fp32 reference: for a GGUF, its `gguf` export computing in float32 (MatMulNBits at accuracy level 0 on the
     file's own blocks: the dequantized model, with no float copy of a weight and no dequantizing in Python); for a
-    model folder (None) the structure's fp32 graph, each weight read from the folder."""
+    model folder (None) the structure's fp32 graph, each weight read from the folder. Experts the carry re-quantized
+    (a block minimum QMoE has no place for) compute with the file's values, read from the source by name."""
     if source.gguf_file is None:
         return None
     export = _export(source, structure, export_options(spec.export, GGUF), spec.export.max_context, progress)
-    return ExportSystem(export.directory, "fp32", accuracy_level=0)
+    requantized = requantized_experts(json.loads((export.directory / CARRY_REPORT).read_text()))
+    rewrite = Rewrite(structure.structure, source.weights(), spec.export.max_context)
+
+    def float_experts(packed: str) -> np.ndarray | None:
+        weight = requantized.get(packed)
+        return None if weight is None else rewrite.weight(weight)
+
+    return ExportSystem(export.directory, "fp32", accuracy_level=0, float_experts=float_experts)
 
 
 def _parity(structure: StructureResult, verifier: Verifier, progress: StepProgress) -> ReferenceParity:

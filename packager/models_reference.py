@@ -42,9 +42,18 @@ Dynamic NTK rescales only past `max_position_embeddings`, which is as far as its
 """
 
 
+# What becomes of a GGUF's expert blocks in ONNX Runtime's QMoE (export/gguf/experts.py).
+_EXPERT_BLOCKS = (
+    "; experts: symmetric types (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K, MXFP4) exact in int8 blocks, types with a block "
+    "minimum (Q4_K, Q5_K, Q4_1, Q5_1, Q2_K) re-quantized to int8 blocks, their error in gguf-weights.json"
+)
+
+
 def _row(a: Architecture) -> str:
     gguf = f"`{a.gguf}`" if a.gguf else "—"
     exact = "yes" if a.exact_gguf else ("not tested" if a.gguf else "—")
+    if a.exact_gguf and a.moe:
+        exact += _EXPERT_BLOCKS
     status = "yes" if a.status == SUPPORTED else f"no: {a.reason} (nearest: {a.nearest})"
     rope = ", ".join(a.rope)
     tested = f"[{Path(a.tested_by).name}](../{a.tested_by})" if a.tested_by else "—"

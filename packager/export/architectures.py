@@ -94,8 +94,6 @@ _REFUSED_DENSE: tuple[Architecture, ...] = (
 # Mixture-of-Experts decoders the builder or llama.cpp knows that onnxfn refuses, each with why.
 _NO_BUILDER = "onnxruntime-genai 0.18's builder has no export for it (not in its model dispatch)"
 _REFUSED_MOE: tuple[Architecture, ...] = (
-    Architecture("Qwen3MoeForCausalLM", "qwen3_moe", "Qwen3-30B-A3B, Qwen3-235B-A22B", REFUSED, gguf="qwen3moe",
-                 moe=True, reason=_NO_BUILDER, nearest="Qwen3ForCausalLM (dense), GptOssForCausalLM (MoE)"),
     Architecture("Qwen2MoeForCausalLM", "qwen2_moe", "Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B", REFUSED, gguf="qwen2moe",
                  moe=True, reason=_NO_BUILDER, nearest="Qwen2ForCausalLM (dense), GptOssForCausalLM (MoE)"),
     Architecture("PhiMoEForCausalLM", "phimoe", "Phi-3.5-MoE", REFUSED, gguf="phimoe", moe=True,
@@ -291,6 +289,21 @@ ARCHITECTURES: tuple[Architecture, ...] = (
             "sliding-window layers",
             "clamped SwiGLU experts (ONNX Runtime's MoE/QMoE)",
             "GGUF MXFP4 experts carried exactly as int8 blocks (QMoE has no CPU MXFP4 kernel): ~2.1x their bytes",
+        ),
+    ),
+    Architecture(
+        "Qwen3MoeForCausalLM",
+        "qwen3_moe",
+        "Qwen3-30B-A3B, Qwen3-235B-A22B",
+        SUPPORTED,
+        gguf="qwen3moe",
+        exact_gguf=True,
+        moe=True,
+        tested_by=_TESTS,
+        notes=(
+            "the builder's Qwen3 attention with its Qwen3.5-MoE routed block (builder_moe.py: the builder has no "
+            "dispatch entry for it)",
+            "GGUF experts: test_qwen3_moe.py (Q4_K experts re-quantized to int8, Q8_0/Q4_0/Q6_K exact)",
         ),
     ),
     *_REFUSED_MOE,

@@ -111,11 +111,22 @@ def _select(runs: tuple[tuple[str, np.ndarray], ...], window: slice) -> tuple[tu
     return tuple(out)
 
 
-def swapped_leaf(recipe: Recipe) -> tuple[Recipe, bool] | None:
-    """The leaf a recipe holds unchanged (views, copies, float32 casts), and whether its last two axes are swapped
-    (one transpose of them: a Mixture-of-Experts weight `[experts, rows, K]` made from an input-major leaf); None
-    when the recipe computes anything or moves more than that."""
+@dataclass(frozen=True)
+class LeafRows:
+    """A 3-D recipe's value as its leaf's: the last two axes swapped or not, the rows (axis 1) in `order`."""
+
+    leaf: Recipe
+    swapped: bool
+    order: np.ndarray | None  # row i of each expert is the leaf's row order[i]; None: in the leaf's order
+
+
+def leaf_rows(recipe: Recipe) -> LeafRows | None:
+    """The leaf a recipe holds unchanged (views, copies, float32 casts), whether its last two axes are swapped (one
+    transpose of them: a Mixture-of-Experts weight `[experts, rows, K]` made from an input-major leaf) and how its
+    rows are reordered (one `index_select` along them: gate and up rows interleaved); None when the recipe computes
+    anything or moves more than that."""
     swapped = False
+    order: np.ndarray | None = None
     node = recipe
     while node.leaf is None:
         inner = _first_lazy(node.args)
@@ -127,8 +138,16 @@ def swapped_leaf(recipe: Recipe) -> tuple[Recipe, bool] | None:
         if node.op in _TRANSPOSES and _swaps_last_two(node, len(inner.recipe.shape)):
             swapped, node = not swapped, inner.recipe
             continue
+        rank = len(inner.recipe.shape)
+        if node.op == "aten.index_select.default" and order is None and not swapped and rank >= 2:
+            dim, index = node.args[1], node.args[2]
+            if int(dim) % rank == rank - 2 and isinstance(index, torch.Tensor):
+                order, node = index.numpy().astype(np.int64), inner.recipe
+                continue
         return None
-    return node, swapped
+    if swapped and order is not None:
+        return None  # rows picked before a swap would be the leaf's columns
+    return LeafRows(node, swapped, order)
 
 
 def _swaps_last_two(recipe: Recipe, rank: int) -> bool:

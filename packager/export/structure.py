@@ -33,6 +33,7 @@ from onnxruntime_genai.models import builder
 
 from packager.export.architectures import adapt_builder_config
 from packager.export.builder_fixes import fix_model
+from packager.export.builder_moe import install
 from packager.export.lazy import LazyTensor, Recipe, loading, make_lazy, to_json
 from packager.export.materialize import RECIPES_FILE, STRUCTURE_FILE
 from packager.export.positions import derive_position_ids
@@ -100,6 +101,7 @@ def _patch(model_class: Any, recorder: _Recorder) -> None:
     def adapted_hf_details(*args: Any, **kwargs: Any) -> dict[str, Any]:
         details = original_hf_details(*args, **kwargs)
         adapt_builder_config(details["hf_config"])
+        install(builder, details["hf_config"])  # an exporter of ours where the builder has none (builder_moe.py)
         return details
 
     model_class.load_weights = load_weights

@@ -35,7 +35,7 @@ DEQUANTIZE_VERSION = 3  # bump when the conversion below changes, to invalidate 
 CONFIG_VERSION = 2  # bump when the config folder below changes
 BESIDE_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 # GGUF `general.architecture` names whose transformers `model_type` differs.
-_MODEL_TYPES = {"gemma3": "gemma3_text", "gpt-oss": "gpt_oss", **DENSE_MODEL_TYPES}
+_MODEL_TYPES = {"gemma3": "gemma3_text", "gpt-oss": "gpt_oss", "qwen3moe": "qwen3_moe", **DENSE_MODEL_TYPES}
 _CHECK_TEXTS = (
     "Hello, world! How are you today?",
     "  leading spaces, trailing spaces  \n\nand blank lines\n",
@@ -110,6 +110,7 @@ def _write_config(gguf_path: Path, out: Path, beside: list[Path], source: str) -
         config = dense_config(gguf_path)
     else:
         config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        _add_expert_length(gguf_path, architecture, config)
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     add_gguf_rope(gguf_path, config)  # transformers drops the GGUF's rope scaling (gguf_rope.py)
     config.save_pretrained(out)
@@ -124,6 +125,14 @@ def _write_config(gguf_path: Path, out: Path, beside: list[Path], source: str) -
     tokenizer = reader.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     tokenizer.save_pretrained(out)
     check_tokenizer(out / "tokenizer.json", tokenizer, source)
+
+
+def _add_expert_length(gguf_path: Path, architecture: str, config: object) -> None:
+    """transformers (5.23) drops a Qwen-MoE file's `expert_feed_forward_length`, which leaves the config's default
+    `moe_intermediate_size` (768: Qwen3-30B-A3B's, not Qwen3-235B-A22B's 1536 nor a smaller model's)."""
+    length = read_metadata(gguf_path).fields.get(f"{architecture}.expert_feed_forward_length")
+    if length is not None and hasattr(config, "moe_intermediate_size"):
+        config.moe_intermediate_size = int(length)
 
 
 def dequantized_folder(
@@ -152,12 +161,16 @@ def _convert(gguf_path: Path, out: Path, beside: list[Path], source: str) -> Non
     if architecture == GPT_OSS or architecture in DENSE_GGUF:  # transformers cannot load these from a GGUF
         _convert_ours(gguf_path, out, beside, source)
         return
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype="float32")
+    config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    _add_expert_length(gguf_path, architecture, config)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, config=config, dtype="float32"
+    )
     # from_pretrained sets hf_quantizer without PreTrainedModel declaring it: mypy sees torch's Module.__setattr__
     model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):

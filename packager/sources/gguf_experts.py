@@ -57,7 +57,8 @@ class ExpertTensor:
 
 def expert_tensors(architecture: str, hf_names: Iterable[str], gguf_names: set[str]) -> dict[str, ExpertTensor]:
     """The Hugging Face tensors of `architecture` (GGUF `general.architecture`) that are GGUF expert rows."""
-    if architecture != "gpt-oss":
+    layout = _LAYOUTS.get(architecture)
+    if layout is None:
         return {}
     found: dict[str, ExpertTensor] = {}
     for name in hf_names:
@@ -65,7 +66,7 @@ def expert_tensors(architecture: str, hf_names: Iterable[str], gguf_names: set[s
         if match is None:
             continue
         block, rest = f"blk.{match.group(1)}.", match.group(2)
-        candidates = _gpt_oss(block, rest)
+        candidates = layout(block, rest)
         for tensor in candidates:
             if all(part in gguf_names for part in tensor.parts):
                 found[name] = tensor
@@ -88,3 +89,14 @@ def _gpt_oss(block: str, rest: str) -> list[ExpertTensor]:
     if rest == "self_attn.sinks":
         return [ExpertTensor((f"{block}attn_sinks.weight",), False, False)]
     return []
+
+
+def _qwen3_moe(block: str, rest: str) -> list[ExpertTensor]:
+    if rest == "mlp.experts.gate_up_proj":
+        return [ExpertTensor((f"{block}ffn_gate_exps.weight", f"{block}ffn_up_exps.weight"), False, False)]
+    if rest == "mlp.experts.down_proj":
+        return [ExpertTensor((f"{block}ffn_down_exps.weight",), False, False)]
+    return []
+
+
+_LAYOUTS = {"gpt-oss": _gpt_oss, "qwen3moe": _qwen3_moe}

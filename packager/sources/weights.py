@@ -1,6 +1,9 @@
 """A model's weights as a source to read one tensor at a time, by its Hugging Face name.
 
 - `SafetensorsWeights`: a Hugging Face folder's `*.safetensors`, memory-mapped; a tensor is read when asked.
+  A Mixture-of-Experts checkpoint saved expert by expert (`mlp.experts.E.gate_proj.weight`: Qwen3-MoE as
+  published, and as transformers 5 saves it) gives its model's stacked `mlp.experts.gate_up_proj` /
+  `down_proj` stacked from those, as transformers' own checkpoint conversion does (`_stacked_experts`).
 - `GgufWeights`: a GGUF file, memory-mapped; each Hugging Face name maps to a GGUF tensor through gguf's
   `TensorNameMap` (as transformers' GGUF loader maps them), read by dequantizing that tensor alone and undoing
   what llama.cpp's converter did to it (transformers' per-architecture `TensorProcessor`: the llama q/k row
@@ -14,6 +17,7 @@ Neither holds more than the tensor asked for: a build's memory is bounded by its
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
@@ -58,6 +62,9 @@ def load_any(source: WeightSource, names: Iterable[str]) -> Any:
     raise UserError(f"the model's weights hold none of {', '.join(names)}: is the source complete?")
 
 
+_STACKED_EXPERTS = re.compile(r"(.+\.experts)\.(gate_up_proj|down_proj)")
+
+
 class SafetensorsWeights:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -77,15 +84,35 @@ class SafetensorsWeights:
         return files
 
     def has(self, name: str) -> bool:
-        return name in self._files
+        return name in self._files or self._stacked_experts(name) is not None
 
     def load(self, name: str) -> Any:
+        import torch
+
+        if name not in self._files and (experts := self._stacked_experts(name)) is not None:
+            # [experts, rows, K]: each expert's parts joined along the rows (gate rows, then up rows)
+            return torch.stack([torch.cat([self._read(part) for part in parts]) for parts in experts])
+        return self._read(name)
+
+    def _read(self, name: str) -> Any:
         import torch
         from safetensors import safe_open
 
         with safe_open(str(self._files[name]), "pt") as f:
             tensor = f.get_tensor(name)
         return tensor.to(torch.float32) if tensor.is_floating_point() else tensor
+
+    def _stacked_experts(self, name: str) -> list[list[str]] | None:
+        """For a stacked expert tensor the checkpoint holds expert by expert: each expert's part names."""
+        match = _STACKED_EXPERTS.fullmatch(name)
+        if match is None:
+            return None
+        prefix, stacked = match.groups()
+        projections = ("gate_proj", "up_proj") if stacked == "gate_up_proj" else ("down_proj",)
+        experts: list[list[str]] = []
+        while all(f"{prefix}.{len(experts)}.{p}.weight" in self._files for p in projections):
+            experts.append([f"{prefix}.{len(experts)}.{p}.weight" for p in projections])
+        return experts or None
 
     def describe(self) -> dict[str, str]:
         return {"kind": "safetensors", "folder": str(self.folder)}

@@ -69,13 +69,22 @@ class ExportSystem:
     `accuracy_level`: run its MatMulNBits at this level instead of their own; at 0 a `gguf` export computes
     `x @ W` in float32 on the GGUF's own blocks, dequantized by ONNX Runtime: the fp32 model, made from the file
     without a float copy of any weight (the reference of a GGUF source). A Mixture-of-Experts layer's `QMoE` has
-    no fp32 kernel for 8-bit experts: at 0 it runs as `MoE` on its experts dequantized here, one layer's at a time.
+    no fp32 kernel for 8-bit experts: at 0 it runs as `MoE` on its experts dequantized here, one layer's at a time,
+    or on `float_experts(packed weight name)` where that gives them (experts the carry re-quantized: the reference
+    computes with the file's own values, not with their int8 copy).
     """
 
-    def __init__(self, directory: Path, name: str, accuracy_level: int | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        name: str,
+        accuracy_level: int | None = None,
+        float_experts: Callable[[str], np.ndarray | None] | None = None,
+    ) -> None:
         self.name = name
         self.directory = directory
         self.accuracy_level = accuracy_level
+        self.float_experts = float_experts
         self._maps: dict[str, np.memmap] = {}
 
     @cached_property
@@ -110,7 +119,11 @@ class ExportSystem:
         if self.accuracy_level is not None:
             nodes = [_with_accuracy(node, self.accuracy_level) for node in nodes]
         if self.accuracy_level == 0:  # QMoE's 8-bit experts have no fp32 kernel: compute them dequantized
-            nodes = [n for node in nodes for n in (_float_experts(node, weights) if node.op_type == "QMoE" else [node])]
+            nodes = [
+                n
+                for node in nodes
+                for n in (_float_experts(node, weights, self.float_experts) if node.op_type == "QMoE" else [node])
+            ]
             read = {name for node in nodes for name in _all_inputs(node)}
             for name in [n for n in weights.arrays if n not in read]:  # the blocks the float experts replace
                 del weights.arrays[name]
@@ -247,16 +260,21 @@ def run_sequences(
     return kept, report
 
 
-def _float_experts(qmoe: NodeProto, weights: MemoryWeights) -> list[NodeProto]:
-    """The MoE node computing with the QMoE node's experts dequantized to float32 (they replace the blocks in
-    `weights`)."""
+def _float_experts(
+    qmoe: NodeProto, weights: MemoryWeights, given: Callable[[str], np.ndarray | None] | None
+) -> list[NodeProto]:
+    """The MoE node computing with the QMoE node's experts in float32, as `given` has them or else dequantized
+    (they replace the blocks in `weights`)."""
     bits, block = qmoe_layout(qmoe)
     names = []
     for packed_name, scales_name in ((qmoe.input[2], qmoe.input[3]), (qmoe.input[5], qmoe.input[6])):
         name = f"{packed_name}/fp32"
         if name not in weights:  # a layer's experts are read by each of its QMoE nodes (moe.qmoe_nodes)
-            values = unpack(weights.arrays[packed_name], bits)
-            weights.add(name, QuantizedExperts(bits, block, values, weights.arrays[scales_name]).dequantize())
+            experts = given(packed_name) if given is not None else None
+            if experts is None:
+                values = unpack(weights.arrays[packed_name], bits)
+                experts = QuantizedExperts(bits, block, values, weights.arrays[scales_name]).dequantize()
+            weights.add(name, experts)
         names.append(name)
     return float_moe_nodes(qmoe, names[0], names[1])
 

@@ -66,4 +66,25 @@ GRANITE_4_MICRO = Case(
     shrink={"shared_intermediate_size": 128},  # its MLP's size (intermediate_size is the absent experts')
 )
 
-MOE_CASES: tuple[Case, ...] = (GPT_OSS, GRANITE_4_MICRO)
+# Qwen3-30B-A3B: 8 of 128 experts a token, renormalised; q/k norms; untied head. 16 experts here, 8 a token.
+QWEN3_MOE = Case(
+    "qwen3-moe",
+    "Qwen3MoeForCausalLM",
+    "qwen3_moe",
+    source="Qwen/Qwen3-30B-A3B",
+    published={
+        "attention_bias": False,
+        "decoder_sparse_step": 1,
+        "hidden_act": "silu",
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "num_experts_per_tok": 8,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+    },
+    shrink={"num_experts": 16, "moe_intermediate_size": 32, "head_dim": 16},
+)
+
+MOE_CASES: tuple[Case, ...] = (GPT_OSS, GRANITE_4_MICRO, QWEN3_MOE)

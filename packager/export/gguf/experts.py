@@ -1,10 +1,10 @@
 """Precision `gguf` for Mixture-of-Experts layers: a GGUF's expert blocks carried into ONNX Runtime's `QMoE`.
 
 Each expert weight of the structure's `MoE` node (moe.py) is, by its recipe, a leaf with its last two axes swapped
-or not (lazy.swapped_leaf); the source says which GGUF expert rows that leaf holds (sources/gguf_experts.py); so
-every row of every expert is a named row of the file, carried without computing anything, like a 2-D weight
-(carry.py). QMoE holds a projection as MatMulNBits holds a matrix, but with no zero points per block that the
-kernel can add a residual to and one block size and width for both projections, so:
+or not and its rows maybe reordered (recipe_rows.leaf_rows); the source says which GGUF expert rows that leaf holds
+(sources/gguf_experts.py); so every row of every expert is a named row of the file, carried without computing
+anything, like a 2-D weight (carry.py). QMoE holds a projection as MatMulNBits holds a matrix, but with no zero
+points per block that the kernel can add a residual to and one block size and width for both projections, so:
 - symmetric types (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K, MXFP4: `w = d * (q - center)`) are carried exactly; both
   projections take the wider container (a 4-bit value fits an 8-bit one) and the smaller block (a block of 32 is
   two of 16 with one scale). MXFP4 (every published gpt-oss GGUF's experts) needs the 8-bit container: its e2m1
@@ -12,8 +12,10 @@ kernel can add a residual to and one block size and width for both projections, 
   CPU kernel in ONNX Runtime 1.31.
 - types with a block minimum (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) and float rows among quantized ones are
   re-quantized to int8 blocks of the other projection's size (32 by default) with ONNX Runtime's quantizer, from
-  the dequantized rows; the report gives each such projection's relative RMS error. (The 2-D carry keeps those
-  types exactly with a residual term after MatMulNBits; inside QMoE there is no place for it.)
+  the dequantized rows; the report gives each such projection's relative RMS error, and the build's fp32
+  reference computes them with the file's own values (build._reference), so the quality check measures the loss.
+  (The 2-D carry keeps those types exactly with a residual term after MatMulNBits; inside QMoE there is no place
+  for it.)
 - experts that are all float (F32, F16, BF16) stay the fp32 `MoE` the structure has.
 """
 
@@ -29,7 +31,7 @@ from onnx import NodeProto
 from packager.export.gguf.blocks import BlockWeight, read_blocks
 from packager.export.materialize import Rewrite, Sink
 from packager.export.moe import FC1, FC1_BIAS, FC2, FC2_BIAS, QuantizedExperts, qmoe_nodes, quantize_experts
-from packager.export.recipe_rows import swapped_leaf
+from packager.export.recipe_rows import leaf_rows
 from packager.sources.weights import GgufWeights
 
 Q = GGMLQuantizationType
@@ -86,7 +88,7 @@ class ExpertCarry:
             assert found is not None
             experts, facts = self._exact(found, bits, block) if found.exact else self._requantized(found, block)
             base = found.weight.removesuffix(".weight")
-            names.append((f"{base}.qweight", f"{base}.scales"))
+            names.append((_packed_name(found.weight), f"{base}.scales"))
             if names[-1][0] not in sink:
                 sink.add(names[-1][0], experts.packed())
                 sink.add(names[-1][1], experts.scales)
@@ -102,18 +104,20 @@ class ExpertCarry:
         structure = self.rewrite.structure
         if weight not in structure.recipes or len(structure.weights[weight]["shape"]) != 3:
             return None
-        found = swapped_leaf(structure.recipes[weight])
+        found = leaf_rows(structure.recipes[weight])
         if found is None:
             return None
-        leaf, swapped = found
+        leaf = found.leaf
         composite = next(
             (c for c in (self.source.experts(n) for n in (leaf.leaf, *leaf.aliases) if n) if c is not None), None
         )
-        if composite is None or composite.columns != swapped:
+        if composite is None or composite.columns != found.swapped:
             return None  # the weight's rows would be the file's columns
         tensors = [self.source.tensor(part) for part in composite.parts]
         counts = tuple(int(np.asarray(t.data).shape[1]) for t in tensors)
         part, row = composite.rows(list(counts))
+        if found.order is not None:  # the structure reorders the leaf's rows (gate and up interleaved)
+            part, row = part[found.order], row[found.order]
         for part_name, tensor in zip(composite.parts, tensors, strict=True):
             self.tensors[part_name] = tensor.tensor_type.name
         return _Rows(weight, composite.parts, counts, part, row, tuple(t.tensor_type for t in tensors))
@@ -162,6 +166,22 @@ class ExpertCarry:
             "tensors": {p: t.name for p, t in zip(rows.parts, rows.types, strict=True)},
             "relative_rms_error": error,
         }
+
+
+def requantized_experts(carry_report: dict[str, Any]) -> dict[str, str]:
+    """From a carry report (gguf-weights.json): each re-quantized projection's QMoE weight -> the structure's weight
+    it was made from (whose recipe computes the file's own values)."""
+    found = {}
+    for entry in carry_report.get("experts", {}).values():
+        for key in ("fc1", "fc2"):
+            projection = entry.get(key, {})
+            if str(projection.get("carried", "")).startswith("re-quantized"):
+                found[_packed_name(projection["weight"])] = projection["weight"]
+    return found
+
+
+def _packed_name(weight: str) -> str:
+    return f"{weight.removesuffix('.weight')}.qweight"
 
 
 def _expert_rows(tensor: Any, expert: int, rows: np.ndarray) -> np.ndarray:

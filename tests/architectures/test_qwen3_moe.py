@@ -1,0 +1,155 @@
+"""Qwen3-MoE from a GGUF written as llama.cpp writes it (per-expert matrices stacked into `ffn_*_exps`, the router
+F32), built at precision `gguf`: experts in symmetric types carried into `QMoE` bit for bit, experts with block
+minimums (Q4_K, Q4_K_M's choice) re-quantized to int8 with their error reported; checked against the file's fp32
+model and served. The fp32 build from a Hugging Face folder is test_decoders.py's `qwen3-moe` case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+
+from packager.export.moe import QuantizedExperts, qmoe_layout, unpack
+from runtime.bundle import open_bundle
+from runtime.engine.request import SamplingParams
+from tests.architectures.cases_moe import QWEN3_MOE
+from tests.architectures.conftest import Builds, assert_batched_with_a_shared_prefix_as_alone, make_model
+from tests.fixtures.gguf_bundle import BundleWeights
+from tests.fixtures.hf_to_gguf import Q4_K_M_LIKE, hf_to_gguf
+from tests.packager.conftest import write_function
+
+Q = GGMLQuantizationType
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+# Rows of 256 so that K-quants apply (as in Qwen3-30B-A3B's: hidden 2048, experts' 768).
+CASE = dataclasses.replace(QWEN3_MOE, shrink={**QWEN3_MOE.shrink, "hidden_size": 256, "moe_intermediate_size": 256})
+# Every expert projection in a symmetric type, of three widths and two block sizes.
+SYMMETRIC = {**Q4_K_M_LIKE, "ffn_gate_exps": Q.Q8_0, "ffn_up_exps": Q.Q4_0, "ffn_down_exps": Q.Q6_K}
+# Random blocks are no language model: the budget only has to admit the int8 activations' rounding.
+SPEC = """[export]
+precision = "gguf"
+max_context = 256
+[export.quality]
+min_top1_agreement = 0.5
+max_mean_kl = 1.0
+max_perplexity_increase_pct = 100.0
+"""
+
+
+def _build(root: Path, name: str, mix: dict[str, GGMLQuantizationType], cache: Path) -> tuple[Path, Path]:
+    """The tiny Qwen3-MoE written as a GGUF of `mix` and built: (GGUF, bundle)."""
+    from packager.build import build_function
+    from packager.progress import StepProgress
+    from packager.spec import load_spec
+
+    hf = make_model(CASE, root / "hf")
+    gguf_path = root / "gguf" / f"{name}.gguf"
+    gguf_path.parent.mkdir(parents=True)
+    hf_to_gguf(hf, gguf_path, mix)
+    function = write_function(root, name, f"gguf:{gguf_path}", SPEC)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ONNXFN_CACHE_DIR", str(cache))
+        patch.chdir(root)
+        return gguf_path, root / build_function(load_spec(function), StepProgress()).bundle
+
+
+@pytest.fixture(scope="module")
+def symmetric(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from tests.conftest import tiny_model_cache
+
+    root = tmp_path_factory.mktemp("qwen3-moe-symmetric")
+    return _build(root, "qwen3-moe-symmetric", SYMMETRIC, tiny_model_cache(tmp_path_factory))
+
+
+def _experts(weights: BundleWeights, layer: int) -> tuple[tuple[int, int], QuantizedExperts, QuantizedExperts]:
+    pairs = [n for n in weights.model.graph.node if n.op_type == "QMoE" and f"layers.{layer}/" in n.name]
+    assert len(pairs) == 4  # 8 experts a token, mixed two at a time (moe.qmoe_nodes)
+    assert {tuple(n.input[2:8]) for n in pairs} == {tuple(pairs[0].input[2:8])}  # one copy of the experts
+    bits, block = qmoe_layout(pairs[0])
+    fc1, fc2 = (
+        QuantizedExperts(bits, block, unpack(weights.array(pairs[0].input[w]), bits), weights.array(pairs[0].input[s]))
+        for w, s in ((2, 3), (5, 6))
+    )
+    return (bits, block), fc1, fc2
+
+
+def test_symmetric_experts_are_the_files_own_blocks(symmetric: tuple[Path, Path]) -> None:
+    """Q8_0 gate, Q4_0 up and Q6_K down experts: in QMoE's 8-bit container with Q6_K's blocks of 16, every value
+    the file's own (gate and up rows interleaved for the fused SwiGLU)."""
+    gguf_path, bundle_dir = symmetric
+    weights = BundleWeights(bundle_dir)
+    file = {t.name: dequantize(t.data, t.tensor_type) for t in GGUFReader(str(gguf_path)).tensors}
+    for layer in (0, 1):
+        entry = weights.report["experts"][f"/model/layers.{layer}/moe/MoE"]
+        assert entry["fc1"]["carried"] == entry["fc2"]["carried"] == "exact", entry
+        assert entry["fc1"]["tensors"] == {
+            f"blk.{layer}.ffn_gate_exps.weight": "Q8_0", f"blk.{layer}.ffn_up_exps.weight": "Q4_0"
+        }  # fmt: skip
+        layout, fc1, fc2 = _experts(weights, layer)
+        assert layout == (8, 16)
+        gate, up = file[f"blk.{layer}.ffn_gate_exps.weight"], file[f"blk.{layer}.ffn_up_exps.weight"]
+        interleaved = np.stack([gate, up], axis=2).reshape(gate.shape[0], -1, gate.shape[-1])
+        np.testing.assert_array_equal(fc1.dequantize(), interleaved)
+        np.testing.assert_array_equal(fc2.dequantize(), file[f"blk.{layer}.ffn_down_exps.weight"])
+    assert not weights.report.get("kept_float32"), weights.report.get("kept_float32")
+
+
+def test_the_gguf_matches_transformers_and_serves_a_batch_as_each_row_alone(symmetric: tuple[Path, Path]) -> None:
+    """The file's fp32 model is transformers' on the same weights (parity); the bundle, with int8 activations in
+    QMoE, is within the quality budget of it; served, each row of a batch gets the tokens it gets alone."""
+    _, bundle_dir = symmetric
+    quality = json.loads((bundle_dir / "quality.json").read_text())
+    parity = quality["torch_parity"]
+    assert parity["identical_greedy"] == parity["prompts"] == 8, parity
+    assert parity["max_probability_delta"] < 1e-4, parity
+    (gguf,) = quality["candidates"]
+    assert quality["chosen"] == gguf["precision"] == "gguf" and gguf["passes"], gguf
+    bundle = open_bundle(bundle_dir)
+    assert (bundle.manifest.model.architecture, bundle.manifest.model.precision) == ("qwen3_moe", "gguf")
+    assert_batched_with_a_shared_prefix_as_alone(bundle, GREEDY)
+
+
+def test_q4_k_experts_are_requantized_to_int8_with_their_error_reported(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Q4_K_M's experts: Q4_K gate and up (a block minimum QMoE has no place for) re-quantized to int8 blocks from
+    the dequantized rows, the report giving the error; Q6_K down carried exactly."""
+    from tests.conftest import tiny_model_cache
+
+    root = tmp_path_factory.mktemp("qwen3-moe-q4-k-m")
+    gguf_path, bundle_dir = _build(root, "qwen3-moe-q4-k-m", Q4_K_M_LIKE, tiny_model_cache(tmp_path_factory))
+    weights = BundleWeights(bundle_dir)
+    file = {t.name: dequantize(t.data, t.tensor_type) for t in GGUFReader(str(gguf_path)).tensors}
+    for layer in (0, 1):
+        entry = weights.report["experts"][f"/model/layers.{layer}/moe/MoE"]
+        assert entry["fc1"]["carried"] == "re-quantized to int8, blocks of 16", entry
+        assert 0 < entry["fc1"]["relative_rms_error"] < 0.01, entry
+        assert entry["fc2"]["carried"] == "exact", entry
+        _, fc1, fc2 = _experts(weights, layer)
+        gate, up = file[f"blk.{layer}.ffn_gate_exps.weight"], file[f"blk.{layer}.ffn_up_exps.weight"]
+        interleaved = np.stack([gate, up], axis=2).reshape(gate.shape[0], -1, gate.shape[-1])
+        error = np.linalg.norm(fc1.dequantize() - interleaved) / np.linalg.norm(interleaved)
+        assert error == pytest.approx(entry["fc1"]["relative_rms_error"], rel=1e-4)
+        np.testing.assert_array_equal(fc2.dequantize(), file[f"blk.{layer}.ffn_down_exps.weight"])
+    quality = json.loads((bundle_dir / "quality.json").read_text())
+    assert quality["torch_parity"]["identical_greedy"] == 8, quality["torch_parity"]
+    assert quality["candidates"][0]["passes"], quality["candidates"][0]
+
+
+def test_layers_the_config_keeps_dense_are_built_as_the_builders_mlp(builds: Builds) -> None:
+    """`mlp_only_layers` keeps a Qwen3-MoE layer dense (a plain SwiGLU MLP of `intermediate_size`): that layer is the
+    builder's MLP, the other an MoE node, and the model still matches transformers (parity at fp32)."""
+    published = {**QWEN3_MOE.published, "mlp_only_layers": [0]}
+    _, bundle_dir = builds.get(dataclasses.replace(QWEN3_MOE, name="qwen3-moe-dense-first", published=published))
+    parity = json.loads((bundle_dir / "quality.json").read_text())["torch_parity"]
+    assert parity["identical_greedy"] == parity["prompts"] == 8, parity
+    assert parity["max_probability_delta"] < 1e-4, parity
+    graph = onnx.load(str(bundle_dir / "model.onnx"), load_external_data=False).graph
+    assert {n.name.split("/")[2] for n in graph.node if n.op_type == "MoE"} == {"layers.1"}
+    assert any(n.name.startswith("/model/layers.0/mlp/") for n in graph.node)
