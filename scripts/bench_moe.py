@@ -1,12 +1,16 @@
-"""Decode at batch 1 on a gpt-oss-shaped synthetic GGUF: onnxfn's engine against llama-cpp-python on the same file.
+"""Decode at batch 1 on a synthetic MoE GGUF: onnxfn's engine against llama-cpp-python on the same file.
 
     .venv/bin/python scripts/bench_moe.py --layers 4 --rounds 15   # writes bench/moe/results.json (results.md: by hand)
+    .venv/bin/python scripts/bench_moe.py --model qwen3-30b-a3b --mix q8_0   # bench/moe/qwen3-30b-a3b-q8_0/
 
-The file is packager/synthetic/gpt_oss.py's (gpt-oss-20b's layer: 32 experts of 2880 x 2880, top 4, MXFP4 experts,
-Q8_0 matrices; `--layers` of them). onnxfn's bundle is `pkg build` of it at precision `gguf` (the experts carried as
-int8 blocks for QMoE, ~2.1x their bytes). Both systems are loaded in one process, the same thread count each, and
-run in alternation, round by round, on the same prompt ids (llama.cpp's tokenizer of the text): greedy, EOS ignored,
-decode tok/s = (tokens - 1) / (last token's time - first token's). Random weights: speed only, no quality.
+`--model gpt-oss-20b` (the default) is packager/synthetic/gpt_oss.py's file (gpt-oss-20b's layer: 32 experts of
+2880 x 2880, top 4, MXFP4 experts, Q8_0 matrices; `--layers` of them), its experts carried as int8 blocks for QMoE
+(~2.1x their bytes). `--model qwen3-30b-a3b` is packager/synthetic/qwen3_moe.py's (Qwen3-30B-A3B's layer: 128
+experts of 768 x 2048, top 8) in `--mix` q4_k_m (Q4_K gate/up experts re-quantized to int8 by onnxfn) or q8_0
+(every expert carried exactly in the same bytes). onnxfn's bundle is `pkg build` of the file at precision `gguf`.
+Both systems are loaded in one process, the same thread count each, and run in alternation, round by round, on the
+same prompt ids (llama.cpp's tokenizer of the text): greedy, EOS ignored, decode tok/s = (tokens - 1) / (last
+token's time - first token's). Random weights: speed only, no quality.
 
 `--streams 8` adds concurrent streams over HTTP, as users reach each system: onnxfn's server (continuous batching)
 against llama_cpp.server on the same file, all streams submitted at once, aggregate tok/s = tokens / time to the
@@ -38,6 +42,9 @@ from packager.bench.systems.llamacpp import LlamaCppSystem  # noqa: E402
 from packager.bench.systems.onnxfn import OnnxfnSystem  # noqa: E402
 from packager.bench.systems.server import ServerSystem  # noqa: E402
 from packager.synthetic.gpt_oss import GPT_OSS_20B, synthetic_gpt_oss  # noqa: E402
+from packager.synthetic.qwen3_moe import MIXES, QWEN3_30B_A3B, synthetic_qwen3_moe  # noqa: E402
+
+SHAPES = {"gpt-oss-20b": GPT_OSS_20B, "qwen3-30b-a3b": QWEN3_30B_A3B}
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog. Mixture-of-Experts layers route every token to a few of their "
@@ -45,15 +52,15 @@ TEXT = (
 )
 
 
-def build(gguf: Path, root: Path) -> Path:
+def build(gguf: Path, root: Path, name: str) -> Path:
     from packager.build import build_function
     from packager.progress import StepProgress
     from packager.spec import load_spec
 
-    folder = root / "functions" / "gpt-oss-synth"
+    folder = root / "functions" / name
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "function.toml").write_text(
-        f'name = "gpt-oss-synth"\n[model]\nsource = "gguf:{gguf}"\n[export]\nprecision = "gguf"\nmax_context = 512\n'
+        f'name = "{name}"\n[model]\nsource = "gguf:{gguf}"\n[export]\nprecision = "gguf"\nmax_context = 512\n'
         "[export.quality]\nmin_top1_agreement = 0.0\nmax_mean_kl = 100.0\nmax_perplexity_increase_pct = 100000.0\n"
     )
     os.chdir(root)
@@ -63,17 +70,24 @@ def build(gguf: Path, root: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=sorted(SHAPES), default="gpt-oss-20b")
+    parser.add_argument("--mix", choices=sorted(MIXES), default="q4_k_m", help="qwen3-30b-a3b's type mix")
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--streams", type=int, default=0, help="also N concurrent streams over HTTP (0: none)")
     parser.add_argument("--bundle", type=Path, help="a bundle already built from the same file")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "moe")
+    parser.add_argument("--out", type=Path, help="default: bench/moe (gpt-oss), bench/moe/qwen3-30b-a3b-MIX")
     args = parser.parse_args()
 
-    gguf = synthetic_gpt_oss(layers=args.layers)
-    bundle = args.bundle or build(gguf, Path(tempfile.mkdtemp(prefix="bench-moe-")))
+    if args.model == "gpt-oss-20b":
+        gguf, out = synthetic_gpt_oss(layers=args.layers), REPO / "bench" / "moe"
+    else:
+        gguf = synthetic_qwen3_moe(args.mix, layers=args.layers)
+        out = REPO / "bench" / "moe" / f"{args.model}-{args.mix}"
+    out = args.out or out
+    bundle = args.bundle or build(gguf, Path(tempfile.mkdtemp(prefix="bench-moe-")), f"{args.model}-synth")
     config = dict(bundle=str(bundle), gguf=str(gguf), hf_dir="", threads=args.threads, max_batch=1,
                   python=sys.executable, max_context=512)  # fmt: skip
     llama = LlamaCppSystem(SystemConfig(system="llamacpp", **config))
@@ -101,7 +115,8 @@ def main() -> None:
     limits = {name: bandwidth / reads[name] for name in systems}
     streams = concurrent(config, args) if args.streams else None
     results = {
-        "shape": {**GPT_OSS_20B.__dict__, "num_hidden_layers": args.layers},
+        "shape": {**SHAPES[args.model].__dict__, "num_hidden_layers": args.layers},
+        "mix": args.mix if args.model != "gpt-oss-20b" else "mxfp4 experts, q8_0",
         "gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "bundle": str(bundle),
         "bundle_weights_bytes": sum(p.stat().st_size for p in bundle.glob("model.onnx*")),
         "threads": args.threads, "prompt_tokens": len(ids), "new_tokens": args.tokens, "rounds": args.rounds,
@@ -114,8 +129,8 @@ def main() -> None:
         "load_average_at_start": load, "cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
         "run_s": round(time.time() - started, 1), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     shown = ("decode_tok_s", "of_limit", "onnxfn_x_median", "onnxfn_x_rounds", "streams")
     print(json.dumps({k: results[k] for k in shown}, indent=2))
 

@@ -135,7 +135,11 @@ def random_q6_k_blocks(rng: np.random.Generator, blocks: int, std: float) -> np.
 _RANDOM_BLOCKS = {Q.Q4_K: random_q4_k_blocks, Q.Q6_K: random_q6_k_blocks}
 
 
-def _matrix(rng: np.random.Generator, shape: tuple[int, ...], qtype: GGMLQuantizationType, std: float) -> np.ndarray:
+def random_matrix(
+    rng: np.random.Generator, shape: tuple[int, ...], qtype: GGMLQuantizationType, std: float
+) -> np.ndarray:
+    """A `[rows, row_length]` matrix of values with standard deviation ~`std` in `qtype`'s storage (valid random
+    K-quant blocks; other types quantized from normal values), drawn a chunk of rows at a time."""
     rows, row_length = shape
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     row_bytes = row_length // block_size * type_size
@@ -165,7 +169,7 @@ def hf_order_tensor(spec: TensorSpec, qtype: GGMLQuantizationType, config: Publi
         return (1 + NORM_STD * rng.standard_normal(spec.shape, dtype=np.float32)).astype(np.float32)
     if spec.is_bias:
         return (BIAS_STD * rng.standard_normal(spec.shape, dtype=np.float32)).astype(np.float32)
-    return _matrix(rng, spec.shape, qtype, value_std(spec, config))
+    return random_matrix(rng, spec.shape, qtype, value_std(spec, config))
 
 
 def file_tensor(spec: TensorSpec, qtype: GGMLQuantizationType, config: PublishedConfig, seed: int) -> np.ndarray:
