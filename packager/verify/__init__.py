@@ -41,6 +41,7 @@ from packager.verify.texts import (
     render_chat,
 )
 from packager.verify.torch_reference import Adapt, torch_scores
+from runtime.engine.heap import release_free_memory
 
 __all__ = [
     "TIE_MARGIN", "CandidateQuality", "ExportSystem", "QualityBudget", "ReferenceParity", "RunReport", "Scores",
@@ -116,6 +117,7 @@ class Verifier:
         reference = self.reference(progress)
         weights = self.source.weights()
         torch = torch_scores(self.source.hf_dir, weights, self.sequences, self.max_positions, adapt=adapt)
+        release_free_memory()  # what PyTorch's forward freed, before the next step allocates (segments.py)
         return parity(reference, torch)
 
     def evaluate(

@@ -28,6 +28,7 @@ from packager.export.external_data import INLINE_LIMIT, external_tensor
 from packager.export.materialize import MemoryWeights, Structure
 from packager.export.moe import QuantizedExperts, float_moe_nodes, qmoe_layout, unpack
 from packager.mapped import release
+from runtime.engine.heap import release_free_memory
 
 _LAYER = re.compile(r"^/model/layers\.(\d+)/")
 DEFAULT_BUDGET = 256 << 20  # bytes of weights per segment, beyond its largest layer
@@ -252,6 +253,9 @@ def run_sequences(
                 del sequence_values[name]
         del session, weights
         system.release()
+        # glibc keeps what the session freed in its arenas (measured: +0.36 GB left resident after 8 layers of
+        # the 8B shape, growing with the layers), which the next step's peak would then stand on.
+        release_free_memory()
         report.per_segment.append((nodes[0].name, time.perf_counter() - segment_started))
         if progress is not None:
             progress(index + 1, len(segments))

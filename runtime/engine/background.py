@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, TypeVar
 
-from runtime.engine.huge_pages import CollapseReport, collapse, merged, release_free_heap
+from runtime.engine.heap import release_free_memory
+from runtime.engine.huge_pages import CollapseReport, collapse, merged
 from runtime.threads import in_thread, lower_priority
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ class StartupWork:
 
     def prefill_switched(self) -> None:
         """Every session is built: hand back what the build freed, then move the graphs' weights."""
-        release_free_heap()
+        release_free_memory()
         self._move_to_huge_pages()
 
     def _start_when_quiet(self, build: SessionBuild) -> None:

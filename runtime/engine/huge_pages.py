@@ -16,7 +16,6 @@ engine is idle (moving pages stalls page faults).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import os
@@ -125,14 +124,6 @@ class CollapseReport:
             return f"graph weights stay on 4 KiB pages: {self.unsupported}"
         failed = f", {self.failed_bytes >> 20} MiB could not be moved" if self.failed_bytes else ""
         return f"graph weights on huge pages: {self.collapsed_bytes >> 20} MiB in {self.seconds:.2f} s{failed}"
-
-
-def release_free_heap() -> None:
-    """Hand the heap's free pages back to the kernel (glibc `malloc_trim`): what a session build freed stays
-    resident otherwise (~40 MB after the demo's prefill graph), and a process snapshot would carry it."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):  # a libc without malloc_trim (musl)
-            ctypes.CDLL(None).malloc_trim(0)
 
 
 def huge_page_size() -> int:
