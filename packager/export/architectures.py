@@ -94,8 +94,6 @@ _REFUSED_DENSE: tuple[Architecture, ...] = (
 # Mixture-of-Experts decoders the builder or llama.cpp knows that onnxfn refuses, each with why.
 _NO_BUILDER = "onnxruntime-genai 0.18's builder has no export for it (not in its model dispatch)"
 _REFUSED_MOE: tuple[Architecture, ...] = (
-    Architecture("Qwen2MoeForCausalLM", "qwen2_moe", "Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B", REFUSED, gguf="qwen2moe",
-                 moe=True, reason=_NO_BUILDER, nearest="Qwen2ForCausalLM (dense), GptOssForCausalLM (MoE)"),
     Architecture("PhiMoEForCausalLM", "phimoe", "Phi-3.5-MoE", REFUSED, gguf="phimoe", moe=True,
                  reason="the builder exports it for CUDA only (it switches to the CUDA provider and int4, with "
                  "CUTLASS-prepacked experts) and reads per-expert `block_sparse_moe.experts[i].w1` modules, which "
@@ -303,7 +301,23 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         notes=(
             "the builder's Qwen3 attention with its Qwen3.5-MoE routed block (builder_moe.py: the builder has no "
             "dispatch entry for it)",
-            "GGUF experts: test_qwen3_moe.py (Q4_K experts re-quantized to int8, Q8_0/Q4_0/Q6_K exact)",
+            "GGUF experts: test_qwen_moe.py (Q4_K experts re-quantized to int8, Q8_0/Q4_0/Q6_K exact)",
+        ),
+    ),
+    Architecture(
+        "Qwen2MoeForCausalLM",
+        "qwen2_moe",
+        "Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B",
+        SUPPORTED,
+        gguf="qwen2moe",
+        exact_gguf=True,
+        moe=True,
+        tested_by=_TESTS,
+        notes=(
+            "the builder's Qwen2 attention with the routed block and Qwen3.5-MoE's shared expert (builder_moe.py)",
+            "routing weights not renormalised (norm_topk_prob false): the operator renormalises and the output is "
+            "scaled by the top k's share (ONNX Runtime's CPU MoE without renormalising reads stale output memory)",
+            "GGUF experts: test_qwen_moe.py; the shared-expert gate stays float32 (one row)",
         ),
     ),
     *_REFUSED_MOE,

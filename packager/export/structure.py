@@ -1,7 +1,8 @@
 """onnxruntime-genai's model builder run on a weightless model: the graph's structure and a recipe per weight.
 
 `python -m packager.export.structure -i CONFIG_DIR -o OUT --weights SOURCE_JSON [builder arguments]` runs the
-builder's own command line (fp32, CPU) with three of its steps replaced:
+builder's own command line (fp32, CPU), its dispatch extended to the MoE decoders it has the parts for
+(builder_moe.py), with three of its steps replaced:
 - loading the model: the module tree is built from config.json on the meta device (accelerate's
   `init_empty_weights`) and every parameter becomes a lazy leaf named after it (lazy.py), so the builder
   walks the real architecture with no weight in memory;

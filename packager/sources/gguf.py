@@ -35,7 +35,13 @@ DEQUANTIZE_VERSION = 3  # bump when the conversion below changes, to invalidate 
 CONFIG_VERSION = 2  # bump when the config folder below changes
 BESIDE_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 # GGUF `general.architecture` names whose transformers `model_type` differs.
-_MODEL_TYPES = {"gemma3": "gemma3_text", "gpt-oss": "gpt_oss", "qwen3moe": "qwen3_moe", **DENSE_MODEL_TYPES}
+_MODEL_TYPES = {
+    "gemma3": "gemma3_text",
+    "gpt-oss": "gpt_oss",
+    "qwen2moe": "qwen2_moe",
+    "qwen3moe": "qwen3_moe",
+    **DENSE_MODEL_TYPES,
+}
 _CHECK_TEXTS = (
     "Hello, world! How are you today?",
     "  leading spaces, trailing spaces  \n\nand blank lines\n",
@@ -128,11 +134,17 @@ def _write_config(gguf_path: Path, out: Path, beside: list[Path], source: str) -
 
 
 def _add_expert_length(gguf_path: Path, architecture: str, config: object) -> None:
-    """transformers (5.23) drops a Qwen-MoE file's `expert_feed_forward_length`, which leaves the config's default
-    `moe_intermediate_size` (768: Qwen3-30B-A3B's, not Qwen3-235B-A22B's 1536 nor a smaller model's)."""
-    length = read_metadata(gguf_path).fields.get(f"{architecture}.expert_feed_forward_length")
-    if length is not None and hasattr(config, "moe_intermediate_size"):
-        config.moe_intermediate_size = int(length)
+    """transformers (5.23) drops a Qwen-MoE file's `expert_feed_forward_length` and
+    `expert_shared_feed_forward_length`, which leaves the config's defaults (Qwen3-30B-A3B's 768, Qwen1.5-MoE's
+    1408 and 5632: wrong for every other size)."""
+    fields = read_metadata(gguf_path).fields
+    for key, attribute in (
+        ("expert_feed_forward_length", "moe_intermediate_size"),
+        ("expert_shared_feed_forward_length", "shared_expert_intermediate_size"),
+    ):
+        length = fields.get(f"{architecture}.{key}")
+        if length is not None and hasattr(config, attribute):
+            setattr(config, attribute, int(length))
 
 
 def dequantized_folder(

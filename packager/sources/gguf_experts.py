@@ -91,7 +91,7 @@ def _gpt_oss(block: str, rest: str) -> list[ExpertTensor]:
     return []
 
 
-def _qwen3_moe(block: str, rest: str) -> list[ExpertTensor]:
+def _qwen_moe(block: str, rest: str) -> list[ExpertTensor]:
     if rest == "mlp.experts.gate_up_proj":
         return [ExpertTensor((f"{block}ffn_gate_exps.weight", f"{block}ffn_up_exps.weight"), False, False)]
     if rest == "mlp.experts.down_proj":
@@ -99,4 +99,4 @@ def _qwen3_moe(block: str, rest: str) -> list[ExpertTensor]:
     return []
 
 
-_LAYOUTS = {"gpt-oss": _gpt_oss, "qwen3moe": _qwen3_moe}
+_LAYOUTS = {"gpt-oss": _gpt_oss, "qwen2moe": _qwen_moe, "qwen3moe": _qwen_moe}

@@ -161,8 +161,9 @@ class GgufWeights:
         return {hf: gguf for gguf, hf in mapping.items() if gguf in self._tensors}
 
     @cached_property
-    def _weightless_mapping(self) -> tuple[dict[str, str], list[str]]:
-        """transformers' GGUF -> Hugging Face name map, and the model's parameter names (on a weightless model)."""
+    def _weightless_mapping(self) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
+        """transformers' GGUF -> Hugging Face name map, and the model's parameters' shapes by name (on a weightless
+        model)."""
         from accelerate import init_empty_weights
         from transformers import AutoConfig, AutoModelForCausalLM
         from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
@@ -172,7 +173,8 @@ class GgufWeights:
             model = AutoModelForCausalLM.from_config(config)
         architecture = self._architecture
         named_as = architecture if architecture in DENSE_GGUF else None  # gguf-py's name where it is not the model's
-        return get_gguf_hf_weights_map(model, self._processor, model_type=named_as), list(model.state_dict())
+        shapes = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+        return get_gguf_hf_weights_map(model, self._processor, model_type=named_as), shapes
 
     @cached_property
     def _experts(self) -> dict[str, ExpertTensor]:
@@ -207,7 +209,12 @@ class GgufWeights:
         tensor = self._tensors[gguf_name]
         values = dequantize(tensor.data, tensor.tensor_type)
         self.release()
-        values = self._processor.process(weights=values, name=gguf_name).weights
+        values = np.asarray(self._processor.process(weights=values, name=gguf_name).weights)
+        shape = self._weightless_mapping[1].get(name)
+        if shape is not None and values.shape != shape and values.size == int(np.prod(shape)):
+            # transformers' Qwen2-MoE processor turns the shared-expert gate ([1, hidden] as the converter writes
+            # it) into [1, 1, hidden], expecting the [hidden] of a squeezed file
+            values = values.reshape(shape)
         return torch.from_numpy(np.array(values, dtype=np.float32))  # a writable copy, never the mapping
 
     def release(self) -> None:

@@ -87,4 +87,27 @@ QWEN3_MOE = Case(
     shrink={"num_experts": 16, "moe_intermediate_size": 32, "head_dim": 16},
 )
 
-MOE_CASES: tuple[Case, ...] = (GPT_OSS, GRANITE_4_MICRO, QWEN3_MOE)
+# Qwen1.5-MoE-A2.7B: 4 of 60 experts a token, not renormalised, plus a shared expert behind a sigmoid gate; q/k/v
+# biases. 16 experts here, 4 a token.
+QWEN2_MOE = Case(
+    "qwen2-moe",
+    "Qwen2MoeForCausalLM",
+    "qwen2_moe",
+    source="Qwen/Qwen1.5-MoE-A2.7B",
+    published={
+        "decoder_sparse_step": 1,
+        "hidden_act": "silu",
+        "mlp_only_layers": [],
+        "norm_topk_prob": False,
+        "num_experts_per_tok": 4,
+        "qkv_bias": True,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "sliding_window": 32768,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+    },
+    shrink={"num_experts": 16, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 128},
+)
+
+MOE_CASES: tuple[Case, ...] = (GPT_OSS, GRANITE_4_MICRO, QWEN3_MOE, QWEN2_MOE)

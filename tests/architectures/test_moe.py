@@ -256,7 +256,6 @@ def test_granite_4_h_is_refused_before_the_build(changes: dict[str, object], ref
 @pytest.mark.parametrize(
     ("hf_class", "why"),
     [
-        ("Qwen2MoeForCausalLM", "no export for it"),
         ("PhiMoEForCausalLM", "CUDA only"),
         ("PhimoeForCausalLM", "CUDA only"),
         ("Lfm2MoeForCausalLM", "convolution state"),

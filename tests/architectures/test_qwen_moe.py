@@ -1,7 +1,8 @@
-"""Qwen3-MoE from a GGUF written as llama.cpp writes it (per-expert matrices stacked into `ffn_*_exps`, the router
-F32), built at precision `gguf`: experts in symmetric types carried into `QMoE` bit for bit, experts with block
-minimums (Q4_K, Q4_K_M's choice) re-quantized to int8 with their error reported; checked against the file's fp32
-model and served. The fp32 build from a Hugging Face folder is test_decoders.py's `qwen3-moe` case.
+"""Qwen3-MoE and Qwen2-MoE from GGUFs written as llama.cpp writes them (per-expert matrices stacked into
+`ffn_*_exps`, the router F32; Qwen2-MoE's shared expert as 2-D `ffn_*_shexp`), built at precision `gguf`: experts in
+symmetric types carried into `QMoE` bit for bit, experts with block minimums (Q4_K, Q4_K_M's choice) re-quantized to
+int8 with their error reported; checked against the file's fp32 model and served. The fp32 builds from Hugging Face
+folders are test_decoders.py's `qwen3-moe` and `qwen2-moe` cases.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from gguf.quants import dequantize
 from packager.export.moe import QuantizedExperts, qmoe_layout, unpack
 from runtime.bundle import open_bundle
 from runtime.engine.request import SamplingParams
-from tests.architectures.cases_moe import QWEN3_MOE
+from tests.architectures.cases import Case
+from tests.architectures.cases_moe import QWEN2_MOE, QWEN3_MOE
 from tests.architectures.conftest import Builds, assert_batched_with_a_shared_prefix_as_alone, make_model
 from tests.fixtures.gguf_bundle import BundleWeights
 from tests.fixtures.hf_to_gguf import Q4_K_M_LIKE, hf_to_gguf
@@ -28,7 +30,9 @@ from tests.packager.conftest import write_function
 Q = GGMLQuantizationType
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 # Rows of 256 so that K-quants apply (as in Qwen3-30B-A3B's: hidden 2048, experts' 768).
-CASE = dataclasses.replace(QWEN3_MOE, shrink={**QWEN3_MOE.shrink, "hidden_size": 256, "moe_intermediate_size": 256})
+_ROWS = {"hidden_size": 256, "moe_intermediate_size": 256}
+CASE = dataclasses.replace(QWEN3_MOE, shrink={**QWEN3_MOE.shrink, **_ROWS})
+CASES = {"qwen3-moe": CASE, "qwen2-moe": dataclasses.replace(QWEN2_MOE, shrink={**QWEN2_MOE.shrink, **_ROWS})}
 # Every expert projection in a symmetric type, of three widths and two block sizes.
 SYMMETRIC = {**Q4_K_M_LIKE, "ffn_gate_exps": Q.Q8_0, "ffn_up_exps": Q.Q4_0, "ffn_down_exps": Q.Q6_K}
 # Random blocks are no language model: the budget only has to admit the int8 activations' rounding.
@@ -42,13 +46,15 @@ max_perplexity_increase_pct = 100.0
 """
 
 
-def _build(root: Path, name: str, mix: dict[str, GGMLQuantizationType], cache: Path) -> tuple[Path, Path]:
-    """The tiny Qwen3-MoE written as a GGUF of `mix` and built: (GGUF, bundle)."""
+def _build(
+    root: Path, name: str, mix: dict[str, GGMLQuantizationType], cache: Path, case: Case = CASE
+) -> tuple[Path, Path]:
+    """The tiny model of `case` written as a GGUF of `mix` and built: (GGUF, bundle)."""
     from packager.build import build_function
     from packager.progress import StepProgress
     from packager.spec import load_spec
 
-    hf = make_model(CASE, root / "hf")
+    hf = make_model(case, root / "hf")
     gguf_path = root / "gguf" / f"{name}.gguf"
     gguf_path.parent.mkdir(parents=True)
     hf_to_gguf(hf, gguf_path, mix)
@@ -59,17 +65,18 @@ def _build(root: Path, name: str, mix: dict[str, GGMLQuantizationType], cache: P
         return gguf_path, root / build_function(load_spec(function), StepProgress()).bundle
 
 
-@pytest.fixture(scope="module")
-def symmetric(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+@pytest.fixture(scope="module", params=sorted(CASES))
+def symmetric(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from tests.conftest import tiny_model_cache
 
-    root = tmp_path_factory.mktemp("qwen3-moe-symmetric")
-    return _build(root, "qwen3-moe-symmetric", SYMMETRIC, tiny_model_cache(tmp_path_factory))
+    name = f"{request.param}-symmetric"
+    root = tmp_path_factory.mktemp(name)
+    return _build(root, name, SYMMETRIC, tiny_model_cache(tmp_path_factory), CASES[request.param])
 
 
 def _experts(weights: BundleWeights, layer: int) -> tuple[tuple[int, int], QuantizedExperts, QuantizedExperts]:
     pairs = [n for n in weights.model.graph.node if n.op_type == "QMoE" and f"layers.{layer}/" in n.name]
-    assert len(pairs) == 4  # 8 experts a token, mixed two at a time (moe.qmoe_nodes)
+    assert len(pairs) in (2, 4)  # 4 or 8 experts a token, mixed two at a time (moe.qmoe_nodes)
     assert {tuple(n.input[2:8]) for n in pairs} == {tuple(pairs[0].input[2:8])}  # one copy of the experts
     bits, block = qmoe_layout(pairs[0])
     fc1, fc2 = (
@@ -97,7 +104,9 @@ def test_symmetric_experts_are_the_files_own_blocks(symmetric: tuple[Path, Path]
         interleaved = np.stack([gate, up], axis=2).reshape(gate.shape[0], -1, gate.shape[-1])
         np.testing.assert_array_equal(fc1.dequantize(), interleaved)
         np.testing.assert_array_equal(fc2.dequantize(), file[f"blk.{layer}.ffn_down_exps.weight"])
-    assert not weights.report.get("kept_float32"), weights.report.get("kept_float32")
+    # Only Qwen2-MoE's shared-expert gate (one row; `[hidden]` in the file, `[1, hidden]` in the model) stays float.
+    kept = weights.report.get("kept_float32") or {}
+    assert all("shared_expert_gate" in name for name in kept), kept
 
 
 def test_the_gguf_matches_transformers_and_serves_a_batch_as_each_row_alone(symmetric: tuple[Path, Path]) -> None:
@@ -111,7 +120,8 @@ def test_the_gguf_matches_transformers_and_serves_a_batch_as_each_row_alone(symm
     (gguf,) = quality["candidates"]
     assert quality["chosen"] == gguf["precision"] == "gguf" and gguf["passes"], gguf
     bundle = open_bundle(bundle_dir)
-    assert (bundle.manifest.model.architecture, bundle.manifest.model.precision) == ("qwen3_moe", "gguf")
+    assert bundle.manifest.model.architecture in ("qwen3_moe", "qwen2_moe")
+    assert bundle.manifest.model.precision == "gguf"
     assert_batched_with_a_shared_prefix_as_alone(bundle, GREEDY)
 
 

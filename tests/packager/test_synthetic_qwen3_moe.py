@@ -1,7 +1,7 @@
 """The synthetic Qwen3-MoE GGUF (packager/synthetic/qwen3_moe.py), at a tiny shape: a qwen3moe file whose metadata
 says that shape, every tensor named as llama.cpp's QWEN3MOE architecture names them, in the mix asked for, at the
 spread promised. (That onnxfn reads a qwen3moe file's config, the expert length transformers drops included, is
-tests/architectures/test_qwen3_moe.py's; that llama.cpp runs this generator's file is the MoE bench's.)"""
+tests/architectures/test_qwen_moe.py's; that llama.cpp runs this generator's file is the MoE bench's.)"""
 
 from __future__ import annotations
 
