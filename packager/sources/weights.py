@@ -204,7 +204,7 @@ class GgufWeights:
         if composite is not None:
             parts = [dequantize(self._tensors[part].data, self._tensors[part].tensor_type) for part in composite.parts]
             self.release()
-            return torch.from_numpy(np.array(composite.assemble(parts), dtype=np.float32))
+            return torch.from_numpy(self._owned(composite.assemble(parts)))
         gguf_name = self._gguf_names[name]
         tensor = self._tensors[gguf_name]
         values = dequantize(tensor.data, tensor.tensor_type)
@@ -215,7 +215,15 @@ class GgufWeights:
             # transformers' Qwen2-MoE processor turns the shared-expert gate ([1, hidden] as the converter writes
             # it) into [1, 1, hidden], expecting the [hidden] of a squeezed file
             values = values.reshape(shape)
-        return torch.from_numpy(np.array(values, dtype=np.float32))  # a writable copy, never the mapping
+        return torch.from_numpy(self._owned(values))
+
+    def _owned(self, values: np.ndarray) -> np.ndarray:
+        """`values` as a writable float32 array that is not the mapped file (an F32 tensor dequantizes to a view of
+        it), copied only then: a copy of each dequantized tensor doubled the largest one's memory (the 8B shape's
+        805 MB output matrix)."""
+        if values.dtype != np.float32 or not values.flags.writeable or np.may_share_memory(values, self._mapped[0]):
+            return np.array(values, dtype=np.float32)
+        return values
 
     def release(self) -> None:
         """Give back the mapped file's pages read so far (packager/mapped.py)."""
