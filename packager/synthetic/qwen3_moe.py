@@ -14,20 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFWriter, LlamaFileType
+from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType
 
 from packager.cache import cached_dir, digest_of
 from packager.errors import UserError
 from packager.synthetic.weights import random_matrix, tensor_rng
-from packager.synthetic.writer import _tokenizer_fields, _vocab_size, tokenizer_gguf, write_tensors
+from packager.synthetic.writer import SyntheticFile, add_text_model_keys, write_file
 
 Q = GGMLQuantizationType
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: the text-model keys in the dense generator's order
 ARCHITECTURE = "qwen3moe"
 MIXES: dict[str, dict[str, GGMLQuantizationType]] = {
     "q4_k_m": {
@@ -103,46 +102,32 @@ def _values(name: str, dims: tuple[int, ...], qtype: GGMLQuantizationType, hidde
 
 def write_qwen3_moe_gguf(shape: Qwen3MoeShape, path: Path, mix: str, seed: int = 0) -> Path:
     """Write the synthetic GGUF of `shape` in `mix` to `path` (through a temporary sibling: never half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    writer = GGUFWriter(partial, ARCHITECTURE)
-    try:
-        tokenizer = _tokenizer_fields(tokenizer_gguf())
-        vocab = _vocab_size(tokenizer)
-        writer.add_type("model")
-        writer.add_name(f"Synthetic {shape.source.split('/')[-1]}")
-        writer.add_description(
+
+    def describe(vocab: int) -> str:
+        return (
             f"Synthetic: random weights (seed {seed}, onnxfn qwen3moe generator v{GENERATOR_VERSION}) in the shape of "
             f"{shape.source}'s config.json with {shape.num_hidden_layers} layers, {mix}. SmolLM2's tokenizer, "
             f"{vocab} tokens instead of 151936."
         )
-        writer.add_block_count(shape.num_hidden_layers)
-        writer.add_context_length(shape.max_position_embeddings)
-        writer.add_embedding_length(shape.hidden_size)
-        writer.add_feed_forward_length(shape.intermediate_size)
-        writer.add_head_count(shape.num_attention_heads)
-        writer.add_head_count_kv(shape.num_key_value_heads)
-        writer.add_key_length(shape.head_dim)
-        writer.add_value_length(shape.head_dim)
-        writer.add_rope_freq_base(shape.rope_theta)
-        writer.add_layer_norm_rms_eps(shape.rms_norm_eps)
+
+    def keys(writer: GGUFWriter, _: int) -> None:
+        add_text_model_keys(writer, shape)
         writer.add_expert_count(shape.num_experts)
         writer.add_expert_used_count(shape.num_experts_per_tok)
         writer.add_expert_feed_forward_length(shape.moe_intermediate_size)
         writer.add_file_type(_FILE_TYPES[mix])
-        for field in tokenizer:
-            writer.add_key_value(field.key, field.value, field.vtype, sub_type=field.sub_type)
-        writer.add_quantization_version(GGML_QUANT_VERSION)
-        write_tensors(
-            writer,
-            _tensors(shape, vocab, MIXES[mix]),
+
+    return write_file(
+        SyntheticFile(
+            ARCHITECTURE,
+            shape.source,
+            describe,
+            keys,
+            lambda vocab: _tensors(shape, vocab, MIXES[mix]),
             lambda name, dims, qtype: _values(name, dims, qtype, shape.hidden_size, seed),
-        )
-        partial.replace(path)
-    finally:
-        writer.close()
-        partial.unlink(missing_ok=True)
-    return path
+        ),
+        path,
+    )
 
 
 def synthetic_qwen3_moe(mix: str = "q4_k_m", layers: int | None = None, seed: int = 0) -> Path:

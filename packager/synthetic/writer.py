@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, Keys
@@ -29,7 +30,7 @@ from gguf.quants import quant_shape_to_byte_shape
 from packager.cache import cached_dir, digest_of
 from packager.sources.pypi import locate_in_distribution
 from packager.synthetic.configs import PUBLISHED_CONFIGS, PublishedConfig, published_config
-from packager.synthetic.layout import tensor_plan
+from packager.synthetic.layout import TensorSpec, tensor_plan
 from packager.synthetic.mix import TYPE_MIXES, check_mix, tensor_type
 from packager.synthetic.weights import file_tensor
 
@@ -89,51 +90,90 @@ def _description(config: PublishedConfig, mix: str, seed: int, vocab_size: int) 
     )
 
 
+def add_text_model_keys(writer: GGUFWriter, shape: Any) -> None:
+    """The keys TextModel.set_gguf_parameters writes, from a shape holding config.json's names (`head_dim` may be
+    None: then no key/value length, as the converter writes none)."""
+    writer.add_block_count(shape.num_hidden_layers)
+    writer.add_context_length(shape.max_position_embeddings)
+    writer.add_embedding_length(shape.hidden_size)
+    writer.add_feed_forward_length(shape.intermediate_size)
+    writer.add_head_count(shape.num_attention_heads)
+    writer.add_head_count_kv(shape.num_key_value_heads)
+    writer.add_rope_freq_base(shape.rope_theta)
+    writer.add_layer_norm_rms_eps(shape.rms_norm_eps)
+    if shape.head_dim is not None:
+        writer.add_key_length(shape.head_dim)
+        writer.add_value_length(shape.head_dim)
+
+
 def _add_architecture_keys(writer: GGUFWriter, config: PublishedConfig, mix: str, vocab_size: int) -> None:
     """The keys convert_hf_to_gguf.py writes for the architecture (TextModel.set_gguf_parameters, and for Llama
     LlamaModel's vocabulary size and rope dimension); Llama 3's rope scaling goes in `rope_freqs.weight`."""
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(config.rope_theta)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    if config.head_dim is not None:
-        writer.add_key_length(config.head_dim)
-        writer.add_value_length(config.head_dim)
+    add_text_model_keys(writer, config)
     writer.add_file_type(TYPE_MIXES[mix])
     if config.architecture == "llama":
         writer.add_vocab_size(vocab_size)
         writer.add_rope_dimension_count(config.head_size)
 
 
-def write_synthetic_gguf(config: PublishedConfig, path: Path, mix: str = "q4_1", seed: int = 0) -> Path:
-    """Write the synthetic GGUF of `config` in type mix `mix` ("q4_1" or "q4_k_m") with weights from `seed` to
-    `path` (through a temporary sibling renamed at the end: never a half-written file at `path`)."""
-    check_mix(mix)
+@dataclass(frozen=True)
+class SyntheticFile:
+    """What one synthetic GGUF is: its architecture and source, and given the vocabulary's size (the demo
+    tokenizer's), its description, metadata keys and tensor plan; `values` draws a tensor's stored bytes."""
+
+    architecture: str  # llama.cpp's general.architecture
+    source: str  # the Hugging Face repository of the published config
+    describe: Callable[[int], str]
+    keys: Callable[[GGUFWriter, int], None]
+    plan: Callable[[int], Sequence[tuple[str, tuple[int, ...], GGMLQuantizationType]]]
+    values: Callable[[str, tuple[int, ...], GGMLQuantizationType], np.ndarray]
+
+
+def write_file(file: SyntheticFile, path: Path) -> Path:
+    """Write `file` to `path` through a temporary sibling renamed at the end (never a half-written file at `path`):
+    its keys, the demo GGUF's tokenizer field by field, then its tensors one at a time."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    writer = GGUFWriter(partial, config.architecture)
+    writer = GGUFWriter(partial, file.architecture)
     try:
         tokenizer = _tokenizer_fields(tokenizer_gguf())
         vocab_size = _vocab_size(tokenizer)
         writer.add_type("model")
-        writer.add_name(f"Synthetic {config.source.split('/')[-1]}")
-        writer.add_description(_description(config, mix, seed, vocab_size))
-        _add_architecture_keys(writer, config, mix, vocab_size)
+        writer.add_name(f"Synthetic {file.source.split('/')[-1]}")
+        writer.add_description(file.describe(vocab_size))
+        file.keys(writer, vocab_size)
         for field in tokenizer:
             writer.add_key_value(field.key, field.value, field.vtype, sub_type=field.sub_type)
         writer.add_quantization_version(GGML_QUANT_VERSION)
-        specs = {spec.name: spec for spec in tensor_plan(config, vocab_size)}
-        plan = [(spec.name, spec.shape, tensor_type(spec, config, mix)) for spec in specs.values()]
-        write_tensors(writer, plan, lambda name, _, qtype: file_tensor(specs[name], qtype, config, seed))
+        write_tensors(writer, file.plan(vocab_size), file.values)
         partial.replace(path)
     finally:
         writer.close()
         partial.unlink(missing_ok=True)
     return path
+
+
+def write_synthetic_gguf(config: PublishedConfig, path: Path, mix: str = "q4_1", seed: int = 0) -> Path:
+    """Write the synthetic GGUF of `config` in type mix `mix` ("q4_1" or "q4_k_m") with weights from `seed` to
+    `path` (through a temporary sibling renamed at the end: never a half-written file at `path`)."""
+    check_mix(mix)
+    specs: dict[str, TensorSpec] = {}
+
+    def plan(vocab_size: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
+        specs.update({spec.name: spec for spec in tensor_plan(config, vocab_size)})
+        return [(spec.name, spec.shape, tensor_type(spec, config, mix)) for spec in specs.values()]
+
+    return write_file(
+        SyntheticFile(
+            config.architecture,
+            config.source,
+            lambda vocab_size: _description(config, mix, seed, vocab_size),
+            lambda writer, vocab_size: _add_architecture_keys(writer, config, mix, vocab_size),
+            plan,
+            lambda name, _, qtype: file_tensor(specs[name], qtype, config, seed),
+        ),
+        path,
+    )
 
 
 def write_tensors(

@@ -12,6 +12,17 @@ from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.request import GenerationRequest, SamplingParams
 from tests.architectures.cases import Case
 
+# A GGUF twin's build: random blocks are no language model, so the budget only has to admit the int8 activations'
+# rounding (the fp32 reference's parity with transformers is what proves the export).
+GGUF_SPEC = """[export]
+precision = "gguf"
+max_context = 256
+[export.quality]
+min_top1_agreement = 0.5
+max_mean_kl = 1.0
+max_perplexity_increase_pct = 100.0
+"""
+
 
 def make_model(case: Case, directory: Path) -> Path:
     """A Hugging Face folder of `case` with seeded random weights, wide enough that next tokens are not near-ties."""
@@ -34,6 +45,19 @@ def make_model(case: Case, directory: Path) -> Path:
                 parameter.normal_(0.0, 0.1)
     model.save_pretrained(directory)
     return directory
+
+
+def assert_gguf_parity_and_quality(bundle_dir: Path) -> None:
+    """A `gguf` build's fp32 reference (the file's blocks in float32) agreed with transformers on the same weights
+    (greedy on all 8 prompts, probabilities within 1e-4), and the bundle passed its quality budget against it."""
+    import json
+
+    quality = json.loads((bundle_dir / "quality.json").read_text())
+    parity = quality["torch_parity"]
+    assert parity["identical_greedy"] == parity["prompts"] == 8, parity
+    assert parity["max_probability_delta"] < 1e-4, parity
+    (gguf,) = quality["candidates"]
+    assert quality["chosen"] == gguf["precision"] == "gguf" and gguf["passes"], gguf
 
 
 class Builds:

@@ -21,22 +21,13 @@ import pytest
 from packager.export.architectures import ARCHITECTURES
 from tests.architectures.cases import Case
 from tests.architectures.cases_dense import DENSE_CASES, GGUF_SIZES, GGUF_TWINS
-from tests.architectures.conftest import Builds, make_model
+from tests.architectures.conftest import GGUF_SPEC, Builds, make_model
 
 TWINS = [
     dataclasses.replace(case, name=f"{case.name}-gguf", shrink={**case.shrink, **GGUF_SIZES, **GGUF_TWINS[case.name]})
     for case in DENSE_CASES
     if case.name in GGUF_TWINS
 ]
-# Random blocks are no language model: the budget only has to admit the int8 activations' rounding.
-SPEC = """[export]
-precision = "gguf"
-max_context = 256
-[export.quality]
-min_top1_agreement = 0.5
-max_mean_kl = 1.0
-max_perplexity_increase_pct = 100.0
-"""
 
 
 def _build(case: Case, builds: Builds) -> tuple[Path, dict[str, str], Path]:
@@ -52,7 +43,7 @@ def _build(case: Case, builds: Builds) -> tuple[Path, dict[str, str], Path]:
     gguf_path.parent.mkdir(parents=True)
     # The architectures transformers reads no GGUF of come as a file alone: their tokenizer is the file's own.
     types = hf_to_gguf(hf, gguf_path, tokenizer_beside=not _read_by_onnxfn(case))
-    function = write_function(folder, case.name, f"gguf:{gguf_path}", SPEC)
+    function = write_function(folder, case.name, f"gguf:{gguf_path}", GGUF_SPEC)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ONNXFN_CACHE_DIR", str(builds.cache))
         patch.chdir(folder)

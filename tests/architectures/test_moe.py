@@ -21,7 +21,11 @@ from packager.export.moe import QuantizedExperts, float_moe_nodes, qmoe_layout, 
 from runtime.bundle import open_bundle
 from runtime.engine.request import SamplingParams
 from tests.architectures.cases_moe import GPT_OSS
-from tests.architectures.conftest import assert_batched_with_a_shared_prefix_as_alone, make_model
+from tests.architectures.conftest import (
+    assert_batched_with_a_shared_prefix_as_alone,
+    assert_gguf_parity_and_quality,
+    make_model,
+)
 from tests.fixtures.gguf_bundle import BundleWeights
 from tests.fixtures.moe_gguf import write_gpt_oss_gguf
 from tests.packager.conftest import write_function
@@ -89,12 +93,7 @@ def test_gpt_oss_gguf_matches_transformers_and_serves_a_batch_as_each_row_alone(
     int8 activations (QMoE's 8-bit experts have no other kernel), so it is held to the quality budget against that
     fp32 model, not to transformers' greedy tokens; served, each row of a batch gets the tokens it gets alone."""
     _, _, bundle_dir = gpt_oss_gguf
-    quality = json.loads((bundle_dir / "quality.json").read_text())
-    parity = quality["torch_parity"]
-    assert parity["identical_greedy"] == parity["prompts"] == 8, parity
-    assert parity["max_probability_delta"] < 1e-4, parity
-    (gguf,) = quality["candidates"]
-    assert quality["chosen"] == gguf["precision"] == "gguf" and gguf["passes"], gguf
+    assert_gguf_parity_and_quality(bundle_dir)
     bundle = open_bundle(bundle_dir)
     facts = bundle.manifest.model
     assert (facts.architecture, facts.precision) == ("gpt_oss", "gguf")

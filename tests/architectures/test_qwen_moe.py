@@ -22,7 +22,13 @@ from runtime.bundle import open_bundle
 from runtime.engine.request import SamplingParams
 from tests.architectures.cases import Case
 from tests.architectures.cases_moe import QWEN2_MOE, QWEN3_MOE
-from tests.architectures.conftest import Builds, assert_batched_with_a_shared_prefix_as_alone, make_model
+from tests.architectures.conftest import (
+    GGUF_SPEC,
+    Builds,
+    assert_batched_with_a_shared_prefix_as_alone,
+    assert_gguf_parity_and_quality,
+    make_model,
+)
 from tests.fixtures.gguf_bundle import BundleWeights
 from tests.fixtures.hf_to_gguf import Q4_K_M_LIKE, hf_to_gguf
 from tests.packager.conftest import write_function
@@ -35,15 +41,6 @@ CASE = dataclasses.replace(QWEN3_MOE, shrink={**QWEN3_MOE.shrink, **_ROWS})
 CASES = {"qwen3-moe": CASE, "qwen2-moe": dataclasses.replace(QWEN2_MOE, shrink={**QWEN2_MOE.shrink, **_ROWS})}
 # Every expert projection in a symmetric type, of three widths and two block sizes.
 SYMMETRIC = {**Q4_K_M_LIKE, "ffn_gate_exps": Q.Q8_0, "ffn_up_exps": Q.Q4_0, "ffn_down_exps": Q.Q6_K}
-# Random blocks are no language model: the budget only has to admit the int8 activations' rounding.
-SPEC = """[export]
-precision = "gguf"
-max_context = 256
-[export.quality]
-min_top1_agreement = 0.5
-max_mean_kl = 1.0
-max_perplexity_increase_pct = 100.0
-"""
 
 
 def _build(
@@ -58,7 +55,7 @@ def _build(
     gguf_path = root / "gguf" / f"{name}.gguf"
     gguf_path.parent.mkdir(parents=True)
     hf_to_gguf(hf, gguf_path, mix)
-    function = write_function(root, name, f"gguf:{gguf_path}", SPEC)
+    function = write_function(root, name, f"gguf:{gguf_path}", GGUF_SPEC)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ONNXFN_CACHE_DIR", str(cache))
         patch.chdir(root)
@@ -113,12 +110,7 @@ def test_the_gguf_matches_transformers_and_serves_a_batch_as_each_row_alone(symm
     """The file's fp32 model is transformers' on the same weights (parity); the bundle, with int8 activations in
     QMoE, is within the quality budget of it; served, each row of a batch gets the tokens it gets alone."""
     _, bundle_dir = symmetric
-    quality = json.loads((bundle_dir / "quality.json").read_text())
-    parity = quality["torch_parity"]
-    assert parity["identical_greedy"] == parity["prompts"] == 8, parity
-    assert parity["max_probability_delta"] < 1e-4, parity
-    (gguf,) = quality["candidates"]
-    assert quality["chosen"] == gguf["precision"] == "gguf" and gguf["passes"], gguf
+    assert_gguf_parity_and_quality(bundle_dir)
     bundle = open_bundle(bundle_dir)
     assert bundle.manifest.model.architecture in ("qwen3_moe", "qwen2_moe")
     assert bundle.manifest.model.precision == "gguf"
