@@ -13,6 +13,10 @@ Measured on ONNX Runtime 1.31's CPU kernels (shared/probes are not needed: the c
   the `geglu` activation.
 - `QMoE` always renormalises the selected experts' routing weights (`normalize_routing_weights = 0` is ignored):
   equal to `MoE` only for models that renormalise (gpt-oss does).
+- `MoE` with `normalize_routing_weights = 0` is right alone but wrong inside a whole graph unless its output is a
+  graph output of its own (a Qwen2-MoE graph: logits off by 1.8): it depends on what its output buffer held. So
+  no export uses it: a model that does not renormalise is exported renormalised and scaled by the top k's share of
+  the softmax (builder_moe.py).
 - 8-bit experts always compute with int8 activations (block-wise per row, whatever `accuracy_level` says); 4-bit
   ones with fp32 activations at accuracy level 0 and int8 ones at 4.
 - Batch invariance: a token's output from int8 `QMoE`, and from int4 at accuracy level 4, is bit for bit the same
