@@ -268,9 +268,14 @@ ARCHITECTURES: tuple[Architecture, ...] = (
         "granitemoehybrid",
         "Granite 4.0 Micro (attention layers, no routed experts); not Granite 4.0 H",
         SUPPORTED,
-        gguf="granitehybrid",
+        gguf="granite",
+        exact_gguf=True,
         tested_by=_TESTS,
-        notes=("Mamba-2 layers and routed experts refused (check_config)",),
+        notes=(
+            "Mamba-2 layers and routed experts refused (check_config)",
+            "llama.cpp writes an attention-only model as a `granite` file (its shared MLP as ffn_gate/up/down), which "
+            "builds as Granite: test_gguf_decoders.py; `granitehybrid` files (Granite 4.0 H) have Mamba layers",
+        ),
     ),
     Architecture(
         "GptOssForCausalLM",

@@ -60,6 +60,25 @@ def assert_gguf_parity_and_quality(bundle_dir: Path) -> None:
     assert quality["chosen"] == gguf["precision"] == "gguf" and gguf["passes"], gguf
 
 
+def transformers_greedy(hf: Path, prompt: list[int], context: int, new_tokens: int) -> list[int]:
+    """transformers' greedy tokens, as a bundle of `context` positions computes them (rotary.bundle_config: a longrope
+    model past its original context rotates every sequence with its long factors, as transformers does a long one)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from packager.export.rotary import bundle_config
+
+    config = bundle_config(AutoConfig.from_pretrained(hf), context)
+    model = AutoModelForCausalLM.from_pretrained(hf, config=config, dtype=torch.float32).eval()
+    # The engine's ignore_eos keeps an end-of-sequence token it picks and goes on: no EOS here, rather than
+    # min_new_tokens, which forbids it; the mask is given, since the prompt holds the pad (= EOS) token.
+    model.generation_config.eos_token_id = None
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False)
+    return out[0, len(prompt) :].tolist()  # type: ignore[no-any-return]
+
+
 class Builds:
     """Built bundles by case name: each case is written and built the first time a test asks for it."""
 

@@ -10,7 +10,6 @@ tokens the same as alone.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -20,29 +19,10 @@ from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.request import GenerationRequest, SamplingParams
 from runtime.engine.tokenizer import Tokenizer
 from tests.architectures.cases import CASES, LONG_PROMPT, Case
-from tests.architectures.conftest import Builds, assert_batched_with_a_shared_prefix_as_alone
+from tests.architectures.conftest import Builds, assert_batched_with_a_shared_prefix_as_alone, transformers_greedy
 
 NEW_TOKENS = 12
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
-
-
-def _transformers_greedy(hf: Path, prompt: list[int], context: int) -> list[int]:
-    """transformers' greedy tokens, as a bundle of `context` positions computes them (rotary.bundle_config: a longrope
-    model past its original context rotates every sequence with its long factors, as transformers does a long one)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from packager.export.rotary import bundle_config
-
-    config = bundle_config(AutoConfig.from_pretrained(hf), context)
-    model = AutoModelForCausalLM.from_pretrained(hf, config=config, dtype=torch.float32).eval()
-    # The engine's ignore_eos keeps an end-of-sequence token it picks and goes on: no EOS here, rather than
-    # min_new_tokens, which forbids it; the mask is given, since the prompt holds the pad (= EOS) token.
-    model.generation_config.eos_token_id = None
-    ids = torch.tensor([prompt])
-    with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
-    return out[0, len(prompt) :].tolist()  # type: ignore[no-any-return]
 
 
 def _prompts(tokenizer: Tokenizer, case: Case) -> list[list[int]]:
@@ -68,7 +48,7 @@ def test_builds_with_parity_and_decodes_like_transformers(case: Case, builds: Bu
     try:
         for i, prompt in enumerate(_prompts(tokenizer, case)):
             (served,) = engine.generate(GenerationRequest(f"{case.name}-{i}", tuple(prompt), GREEDY))
-            expected = _transformers_greedy(hf, prompt, facts.context_length)
+            expected = transformers_greedy(hf, prompt, facts.context_length, NEW_TOKENS)
             assert list(served.token_ids) == expected, f"prompt {i} ({len(prompt)} tokens)"
     finally:
         engine.shutdown()

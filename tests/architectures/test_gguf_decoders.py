@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +23,7 @@ import pytest
 from packager.export.architectures import ARCHITECTURES
 from tests.architectures.cases import Case
 from tests.architectures.cases_dense import DENSE_CASES, GGUF_SIZES, GGUF_TWINS
-from tests.architectures.conftest import GGUF_SPEC, Builds, make_model
+from tests.architectures.conftest import GGUF_SPEC, Builds, make_model, transformers_greedy
 
 TWINS = [
     dataclasses.replace(case, name=f"{case.name}-gguf", shrink={**case.shrink, **GGUF_SIZES, **GGUF_TWINS[case.name]})
@@ -30,11 +32,11 @@ TWINS = [
 ]
 
 
-def _build(case: Case, builds: Builds) -> tuple[Path, dict[str, str], Path]:
+def _build(case: Case, builds: Builds, mix: Mapping[str, Any] | None = None) -> tuple[Path, dict[str, str], Path]:
     from packager.build import build_function
     from packager.progress import StepProgress
     from packager.spec import load_spec
-    from tests.fixtures.hf_to_gguf import hf_to_gguf
+    from tests.fixtures.hf_to_gguf import Q4_K_M_LIKE, hf_to_gguf
     from tests.packager.conftest import write_function
 
     folder = builds.root / case.name
@@ -42,7 +44,7 @@ def _build(case: Case, builds: Builds) -> tuple[Path, dict[str, str], Path]:
     gguf_path = folder / "gguf" / f"{case.name}.gguf"
     gguf_path.parent.mkdir(parents=True)
     # The architectures transformers reads no GGUF of come as a file alone: their tokenizer is the file's own.
-    types = hf_to_gguf(hf, gguf_path, tokenizer_beside=not _read_by_onnxfn(case))
+    types = hf_to_gguf(hf, gguf_path, mix or Q4_K_M_LIKE, tokenizer_beside=not _read_by_onnxfn(case))
     function = write_function(folder, case.name, f"gguf:{gguf_path}", GGUF_SPEC)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ONNXFN_CACHE_DIR", str(builds.cache))
@@ -138,3 +140,41 @@ def _reads_back_as_written(case: Case, gguf_path: Path, hf: Path) -> None:
 def test_the_registry_marks_each_twins_architecture_exact() -> None:
     exact = {entry.hf_class for entry in ARCHITECTURES if entry.exact_gguf}
     assert {case.hf_class for case in TWINS} <= exact
+
+
+def test_granite_4_micro_is_written_as_a_granite_gguf_and_builds_as_the_model_it_is(builds: Builds) -> None:
+    """llama.cpp writes an attention-only GraniteMoeHybrid (Granite 4.0 Micro) as a `granite` file, its fused shared
+    MLP split into ffn_gate/ffn_up/ffn_down (GraniteHybridModel renames the architecture when no layer is Mamba):
+    onnxfn builds that file as Granite, and with every tensor F32 its greedy tokens are transformers' GraniteMoeHybrid
+    model's on the Hugging Face weights (what the file was written from)."""
+    from gguf import GGMLQuantizationType
+
+    from packager.sources.gguf_metadata import read_metadata
+    from runtime.bundle import open_bundle
+    from runtime.engine.engine import Engine, EngineConfig
+    from runtime.engine.request import GenerationRequest, SamplingParams
+    from runtime.engine.tokenizer import Tokenizer
+    from tests.architectures.cases_moe import GRANITE_4_MICRO
+    from tests.fixtures.hf_to_gguf import Q4_K_M_LIKE
+
+    sizes = {**GGUF_SIZES, "shared_intermediate_size": GGUF_SIZES["intermediate_size"]}  # equal, as published
+    case = dataclasses.replace(GRANITE_4_MICRO, name="granite-4-micro-gguf", shrink={**GRANITE_4_MICRO.shrink, **sizes})
+    gguf_path, types, bundle_dir = _build(case, builds, dict.fromkeys(Q4_K_M_LIKE, GGMLQuantizationType.F32))
+    assert read_metadata(gguf_path).architecture == "granite"
+    assert {"blk.0.ffn_gate.weight", "blk.0.ffn_up.weight", "blk.0.ffn_down.weight"} <= set(types)
+    assert set(types.values()) == {"F32"}
+    bundle = open_bundle(bundle_dir)
+    facts = bundle.manifest.model
+    assert facts.architecture == "granite"
+    tokenizer = Tokenizer(bundle.tokenizer_path, facts.chat_template, facts.bos_token_id, facts.eos_token_ids)
+    prompt = tokenizer.encode(
+        tokenizer.apply_chat_template([{"role": "user", "content": "Write a poem about the sea."}])
+    )
+    engine = Engine(bundle, EngineConfig(max_batch=1, max_context=256, prefill_chunk=32))
+    try:
+        params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+        (served,) = engine.generate(GenerationRequest("granite-4-micro", tuple(prompt), params))
+    finally:
+        engine.shutdown()
+    hf = builds.root / case.name / "hf"
+    assert list(served.token_ids) == transformers_greedy(hf, list(prompt), facts.context_length, 12)
