@@ -184,7 +184,8 @@ def test_a_function_that_keeps_ending_is_marked_crashloop_until_it_is_redeployed
 
     # A redeploy starts over.
     deploy(workspace, FUNCTION)
-    assert chat(workspace, key).status_code == 200
+    again = chat(workspace, key)
+    assert again.status_code == 200, again.text
     assert ps(workspace)[FUNCTION]["state"] == "ready" and ps(workspace)[FUNCTION]["crashes"] == 0
     assert pauses[1] < pauses[-1]  # the restarts backed off (0 s, 0.5 s, 1 s, 2 s before them)
 
