@@ -64,7 +64,13 @@ class Lifecycle:
                 continue
             left = crashes.crashloop_left(function.deployment, time.time())
             if left > 0:
-                raise _crashloop(function, left)
+                # A redeploy starts over: its record may be newer than the last look (the registry reads the records
+                # at most every REFRESH_SECONDS; a fresh clone's run refused the first request after a redeploy).
+                looping = function.deployment
+                await self.registry.refresh(force=True)
+                if function.deployment is looping:
+                    raise _crashloop(function, left)
+                continue
             if not function.idle:
                 return waited
             self._begin(function, "wake", self._wake)
