@@ -8,9 +8,9 @@ them) and for onnxfn's decode graph (its QMoE nodes' expert inputs, int8 where t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from packager.bench.footprint import initializer_bytes
+from packager.export.graph import all_inputs
 from packager.sources.gguf_metadata import read_metadata
 
 EXPERT_MARK = "_exps."  # llama.cpp's stacked expert tensors: ffn_{gate,up,down}_exps and their biases
@@ -40,7 +40,7 @@ def _bundle_active(model_path: Path, routed: float) -> float:
     # Only what some node reads: an embedding carried from a GGUF is two initializers over the same bytes (its
     # blocks as MatMulNBits holds them, and the `.rows` view GatherBlockQuantized reads), one of them unread when
     # the output matrix is not the embedding; counting both put the bundle's figure 100 MB (Q8_0) too high.
-    read = {name for graph in _graphs(model.graph) for node in graph.node for name in node.input}
+    read = {name for node in model.graph.node for name in all_inputs(node)}
     sizes = {name: size for name, size in initializer_bytes(model).items() if name in read}
     rows = {tensor.name: int(tensor.dims[0]) if tensor.dims else 1 for tensor in model.graph.initializer}
     experts = {
@@ -51,13 +51,3 @@ def _bundle_active(model_path: Path, routed: float) -> float:
     table = gathers[0].input[0] if gathers else ""
     expert_bytes = sum(sizes.get(name, 0) for name in experts)
     return _active(sum(sizes.values()), expert_bytes, sizes.get(table, 0), rows.get(table, 1), routed)
-
-
-def _graphs(graph: Any) -> list[Any]:
-    """A graph and its subgraphs (an If choosing rotary tables), whose nodes read initializers too."""
-    found = [graph]
-    for node in graph.node:
-        for attribute in node.attribute:
-            for sub in [attribute.g, *attribute.graphs] if attribute.g.node or attribute.graphs else []:
-                found += _graphs(sub)
-    return found

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 import onnx
+from onnx import NodeProto
 
 from packager.errors import UserError
 
@@ -16,6 +18,18 @@ QUANTIZED_OP = "MatMulNBits"
 def op_counts(model_path: Path) -> Counter[str]:
     model = onnx.load(str(model_path), load_external_data=False)
     return Counter(node.op_type for node in model.graph.node)
+
+
+def all_inputs(node: NodeProto) -> Iterable[str]:
+    """The node's inputs, and the outer values its subgraphs read (an If choosing rotary tables)."""
+    yield from node.input
+    for attribute in node.attribute:
+        for graph in [attribute.g, *attribute.graphs] if attribute.type in (5, 10) else []:
+            inner = {o for n in graph.node for o in n.output} | {i.name for i in graph.initializer}
+            for inner_node in graph.node:
+                for name in all_inputs(inner_node):
+                    if name not in inner:
+                        yield name
 
 
 def drop_dead_nodes(graph: onnx.GraphProto) -> None:

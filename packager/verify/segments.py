@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -25,6 +25,7 @@ import onnxruntime as ort
 from onnx import NodeProto, TensorProto, helper
 
 from packager.export.external_data import INLINE_LIMIT, external_tensor
+from packager.export.graph import all_inputs
 from packager.export.materialize import MemoryWeights, Structure
 from packager.export.moe import QuantizedExperts, float_moe_nodes, qmoe_layout, unpack
 from packager.mapped import release
@@ -109,11 +110,11 @@ class ExportSystem:
         return {t.name: t for t in self.graph.initializer}
 
     def weight_bytes(self, node: NodeProto) -> int:
-        return sum(_tensor_bytes(self._initializers[n]) for n in _all_inputs(node) if n in self._initializers)
+        return sum(_tensor_bytes(self._initializers[n]) for n in all_inputs(node) if n in self._initializers)
 
     def segment(self, nodes: list[NodeProto]) -> tuple[list[NodeProto], MemoryWeights]:
         weights = MemoryWeights()
-        for name in {n for node in nodes for n in _all_inputs(node)}:
+        for name in {n for node in nodes for n in all_inputs(node)}:
             tensor = self._initializers.get(name)
             if tensor is not None:
                 weights.add(name, self._array(tensor), tensor.data_type)
@@ -125,7 +126,7 @@ class ExportSystem:
                 for node in nodes
                 for n in (_float_experts(node, weights, self.float_experts) if node.op_type == "QMoE" else [node])
             ]
-            read = {name for node in nodes for name in _all_inputs(node)}
+            read = {name for node in nodes for name in all_inputs(node)}
             for name in [n for n in weights.arrays if n not in read]:  # the blocks the float experts replace
                 del weights.arrays[name]
         return nodes, weights
@@ -159,7 +160,7 @@ class StructureSystem:
 
     def weight_bytes(self, node: NodeProto) -> int:
         structure = self.structure
-        return sum(structure.nbytes(n) for n in _all_inputs(node) if structure.is_initializer(n))
+        return sum(structure.nbytes(n) for n in all_inputs(node) if structure.is_initializer(n))
 
     def segment(self, nodes: list[NodeProto]) -> tuple[list[NodeProto], MemoryWeights]:
         weights = MemoryWeights()
@@ -238,7 +239,7 @@ def run_sequences(
         run_nodes, weights = system.segment(nodes)
         report.largest_segment_bytes = max(report.largest_segment_bytes, weights.nbytes)
         produced = {o for node in run_nodes for o in node.output}
-        inputs = sorted({n for node in run_nodes for n in _all_inputs(node)} - produced - set(weights.arrays) - {""})
+        inputs = sorted({n for node in run_nodes for n in all_inputs(node)} - produced - set(weights.arrays) - {""})
         later = {name for name, last in readers.items() if last > index}
         outputs = sorted(o for o in produced if o and (o in later or (o == logits_name and o in graph_outputs)))
         session = _session(system, run_nodes, weights, inputs, values[0], outputs, threads)
@@ -302,7 +303,7 @@ def _last_reader(segments: list[list[NodeProto]]) -> dict[str, int]:
     last: dict[str, int] = {}
     for index, nodes in enumerate(segments):
         for node in nodes:
-            for name in _all_inputs(node):
+            for name in all_inputs(node):
                 last[name] = index
     return last
 
@@ -381,18 +382,6 @@ def _element_types(
 def _value_info(name: str, array: np.ndarray) -> onnx.ValueInfoProto:
     dims = [f"{name}_{i}" for i in range(array.ndim)]
     return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype), dims)
-
-
-def _all_inputs(node: NodeProto) -> Iterable[str]:
-    """The node's inputs, and the outer values its subgraphs read (an If choosing rotary tables)."""
-    yield from node.input
-    for attribute in node.attribute:
-        for graph in [attribute.g, *attribute.graphs] if attribute.type in (5, 10) else []:
-            inner = {o for n in graph.node for o in n.output} | {i.name for i in graph.initializer}
-            for inner_node in graph.node:
-                for name in _all_inputs(inner_node):
-                    if name not in inner:
-                        yield name
 
 
 def _tensor_bytes(tensor: TensorProto) -> int:

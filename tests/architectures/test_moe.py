@@ -26,7 +26,7 @@ from tests.architectures.conftest import (
     assert_gguf_parity_and_quality,
     make_model,
 )
-from tests.fixtures.gguf_bundle import BundleWeights
+from tests.fixtures.gguf_bundle import BundleWeights, interleaved
 from tests.fixtures.moe_gguf import write_gpt_oss_gguf
 from tests.packager.conftest import write_function
 
@@ -76,13 +76,9 @@ def test_gpt_oss_gguf_experts_are_the_files_own_mxfp4_blocks(gpt_oss_gguf: tuple
         node = pairs[0]
         bits, block = qmoe_layout(node)
         assert (bits, block) == (8, 32)  # MXFP4's doubled e2m1 values (-12..12) in the 8-bit container
-        fc1, fc2 = (
-            QuantizedExperts(bits, block, unpack(weights.array(node.input[w]), bits), weights.array(node.input[s]))
-            for w, s in ((2, 3), (5, 6))
-        )
+        fc1, fc2 = weights.qmoe_experts(node)
         gate, up = file[f"blk.{layer}.ffn_gate_exps.weight"], file[f"blk.{layer}.ffn_up_exps.weight"]
-        interleaved = np.stack([gate, up], axis=2).reshape(gate.shape[0], -1, gate.shape[-1])
-        np.testing.assert_array_equal(fc1.dequantize(), interleaved)  # bit for bit: no value was re-quantized
+        np.testing.assert_array_equal(fc1.dequantize(), interleaved(gate, up))  # bit for bit: none re-quantized
         np.testing.assert_array_equal(fc2.dequantize(), file[f"blk.{layer}.ffn_down_exps.weight"])
 
 

@@ -17,7 +17,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-from packager.export.moe import QuantizedExperts, qmoe_layout, unpack
+from packager.export.moe import QuantizedExperts, qmoe_layout
 from runtime.bundle import open_bundle
 from runtime.engine.request import SamplingParams
 from tests.architectures.cases import Case
@@ -29,7 +29,7 @@ from tests.architectures.conftest import (
     assert_gguf_parity_and_quality,
     make_model,
 )
-from tests.fixtures.gguf_bundle import BundleWeights
+from tests.fixtures.gguf_bundle import BundleWeights, interleaved
 from tests.fixtures.hf_to_gguf import Q4_K_M_LIKE, hf_to_gguf
 from tests.packager.conftest import write_function
 
@@ -75,12 +75,7 @@ def _experts(weights: BundleWeights, layer: int) -> tuple[tuple[int, int], Quant
     pairs = [n for n in weights.model.graph.node if n.op_type == "QMoE" and f"layers.{layer}/" in n.name]
     assert len(pairs) in (2, 4)  # 4 or 8 experts a token, mixed two at a time (moe.qmoe_nodes)
     assert {tuple(n.input[2:8]) for n in pairs} == {tuple(pairs[0].input[2:8])}  # one copy of the experts
-    bits, block = qmoe_layout(pairs[0])
-    fc1, fc2 = (
-        QuantizedExperts(bits, block, unpack(weights.array(pairs[0].input[w]), bits), weights.array(pairs[0].input[s]))
-        for w, s in ((2, 3), (5, 6))
-    )
-    return (bits, block), fc1, fc2
+    return qmoe_layout(pairs[0]), *weights.qmoe_experts(pairs[0])
 
 
 def test_symmetric_experts_are_the_files_own_blocks(symmetric: tuple[Path, Path]) -> None:
@@ -98,8 +93,7 @@ def test_symmetric_experts_are_the_files_own_blocks(symmetric: tuple[Path, Path]
         layout, fc1, fc2 = _experts(weights, layer)
         assert layout == (8, 16)
         gate, up = file[f"blk.{layer}.ffn_gate_exps.weight"], file[f"blk.{layer}.ffn_up_exps.weight"]
-        interleaved = np.stack([gate, up], axis=2).reshape(gate.shape[0], -1, gate.shape[-1])
-        np.testing.assert_array_equal(fc1.dequantize(), interleaved)
+        np.testing.assert_array_equal(fc1.dequantize(), interleaved(gate, up))
         np.testing.assert_array_equal(fc2.dequantize(), file[f"blk.{layer}.ffn_down_exps.weight"])
     # Only Qwen2-MoE's shared-expert gate (one row; `[hidden]` in the file, `[1, hidden]` in the model) stays float.
     kept = weights.report.get("kept_float32") or {}
@@ -135,8 +129,8 @@ def test_q4_k_experts_are_requantized_to_int8_with_their_error_reported(
         assert entry["fc2"]["carried"] == "exact", entry
         _, fc1, fc2 = _experts(weights, layer)
         gate, up = file[f"blk.{layer}.ffn_gate_exps.weight"], file[f"blk.{layer}.ffn_up_exps.weight"]
-        interleaved = np.stack([gate, up], axis=2).reshape(gate.shape[0], -1, gate.shape[-1])
-        error = np.linalg.norm(fc1.dequantize() - interleaved) / np.linalg.norm(interleaved)
+        expected = interleaved(gate, up)
+        error = np.linalg.norm(fc1.dequantize() - expected) / np.linalg.norm(expected)
         assert error == pytest.approx(entry["fc1"]["relative_rms_error"], rel=1e-4)
         np.testing.assert_array_equal(fc2.dequantize(), file[f"blk.{layer}.ffn_down_exps.weight"])
     quality = json.loads((bundle_dir / "quality.json").read_text())

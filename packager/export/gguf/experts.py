@@ -21,6 +21,7 @@ points per block that the kernel can add a residual to and one block size and wi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,26 +135,21 @@ class ExpertCarry:
 
     def _exact(self, rows: _Rows, bits: int, block: int) -> tuple[QuantizedExperts, dict[str, Any]]:
         """Every expert's rows read from the file's blocks, in `bits`-wide values with blocks of `block`."""
-        tensors = [self.source.tensor(part) for part in rows.parts]
-        experts = int(np.asarray(tensors[0].data).shape[0])
         values: np.ndarray | None = None
         scales: np.ndarray | None = None
-        for expert in range(experts):
-            for index, tensor in enumerate(tensors):
-                chosen = np.flatnonzero(rows.part == index)
-                raw = _expert_rows(tensor, expert, rows.row[chosen])
-                weight = _widened(read_blocks(tensor.tensor_type, raw), bits, block)
+        for expert, experts, parts in self._each_expert(rows):
+            for chosen, kind, raw in parts:
+                weight = _widened(read_blocks(kind, raw), bits, block)
                 if values is None or scales is None:
                     k = weight.values.shape[1]
                     values = np.empty((experts, len(rows.part), k), np.uint8)
                     scales = np.empty((experts, len(rows.part), k // block), np.float32)
                 values[expert, chosen] = weight.values
                 scales[expert, chosen] = weight.scales
-            self.source.release()
         assert values is not None and scales is not None
         return QuantizedExperts(bits, block, values, scales), {
             "carried": "exact",
-            "tensors": {p: t.tensor_type.name for p, t in zip(rows.parts, tensors, strict=True)},
+            "tensors": {p: t.name for p, t in zip(rows.parts, rows.types, strict=True)},
         }
 
     def _requantized(self, rows: _Rows, block: int) -> tuple[QuantizedExperts, dict[str, Any]]:
@@ -161,16 +157,13 @@ class ExpertCarry:
         up experts are 1.6 GB in float32: whole, with the copies around them, they took 8.4 GB)."""
         from gguf.quants import dequantize
 
-        tensors = [self.source.tensor(part) for part in rows.parts]
-        experts = int(np.asarray(tensors[0].data).shape[0])
         values: np.ndarray | None = None
         scales: np.ndarray | None = None
         squared_error = squared_total = 0.0
-        for expert in range(experts):
+        for expert, experts, parts in self._each_expert(rows):
             weight: np.ndarray | None = None
-            for index, tensor in enumerate(tensors):
-                chosen = np.flatnonzero(rows.part == index)
-                part = dequantize(_expert_rows(tensor, expert, rows.row[chosen]), tensor.tensor_type)
+            for chosen, kind, raw in parts:
+                part = dequantize(raw, kind)
                 if weight is None:
                     weight = np.empty((len(rows.part), part.shape[-1]), np.float32)
                 weight[chosen] = part
@@ -182,13 +175,27 @@ class ExpertCarry:
             values[expert], scales[expert] = one.values[0], one.scales[0]
             squared_error += float(np.sum((one.dequantize()[0] - weight).astype(np.float64) ** 2))
             squared_total += float(np.sum(weight.astype(np.float64) ** 2))
-            self.source.release()
         assert values is not None and scales is not None
         return QuantizedExperts(REQUANTIZED_BITS, block, values, scales), {
             "carried": f"re-quantized to int{REQUANTIZED_BITS}, blocks of {block}",
             "tensors": {p: t.name for p, t in zip(rows.parts, rows.types, strict=True)},
             "relative_rms_error": (squared_error / max(squared_total, 1e-60)) ** 0.5,
         }
+
+    def _each_expert(
+        self, rows: _Rows
+    ) -> Iterator[tuple[int, int, list[tuple[np.ndarray, GGMLQuantizationType, np.ndarray]]]]:
+        """`(expert, experts, parts)` for each expert: per GGUF part, which of the weight's rows it gives, its type
+        and those rows' raw blocks; the mapped pages read are given back after each expert."""
+        tensors = [self.source.tensor(part) for part in rows.parts]
+        experts = int(np.asarray(tensors[0].data).shape[0])
+        for expert in range(experts):
+            parts = []
+            for index, tensor in enumerate(tensors):
+                chosen = np.flatnonzero(rows.part == index)
+                parts.append((chosen, tensor.tensor_type, _expert_rows(tensor, expert, rows.row[chosen])))
+            yield expert, experts, parts
+            self.source.release()
 
 
 def requantized_experts(carry_report: dict[str, Any]) -> dict[str, str]:
