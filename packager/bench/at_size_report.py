@@ -173,7 +173,7 @@ def target_rows(results: dict[str, Any]) -> list[list]:
         size = artifacts["onnxfn"]["total_bytes"] / artifacts["llamacpp"]["total_bytes"]
         note = f"{artifacts['onnxfn']['total_bytes'] / 1e6:,.0f} MB"
         if runs := results.get("profile", {}).get("this model", {}).get("runs"):
-            note += f", of which {runs[-1]['residual_bytes'] / 1e6:,.0f} MB residual terms and block indicators"
+            note += f", of which {runs[-1]['residual_bytes'] / 1e6:,.0f} MB residual terms"
         rows.append(_ceiling_row("bundle / GGUF", 1.25, size, note))
     return rows + build_rows(results)
 
@@ -266,8 +266,8 @@ def render_profile(results: dict[str, Any]) -> str:
         "ONNX Runtime's profiler on single-token decode steps after a 32-token prompt (the graph the engine decodes "
         "with, the engine's session options), medians over the steps of every run, runs alternating between the "
         "bundles. Shares are of the step's wall time; `outside nodes` is the run's time no node's kernel accounts "
-        "for (ONNX Runtime's own work between kernels); `residual bytes` is the residual tensors' and block "
-        "indicators' share of the graph's weight bytes. The profiler's bookkeeping adds a little to every node, the "
+        "for (ONNX Runtime's own work between kernels); `residual bytes` is the residual tensors' share of "
+        "the graph's weight bytes. The profiler's bookkeeping adds a little to every node, the "
         "small ones most, so the residual share is an upper bound.\n\n"
     )
     return "## Where a decode step's time goes, by kind of node\n\n" + note + report.table(header, rows)

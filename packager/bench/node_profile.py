@@ -72,7 +72,7 @@ def split_by_kind(events: list[dict[str, Any]], skip_runs: int) -> dict[str, Any
 
 
 def residual_bytes(graph: Path) -> dict[str, int]:
-    """Bytes of the graph's weights, and of those only the residual term reads (residuals, block indicators)."""
+    """Bytes of the graph's weights, and of those only the residual term reads."""
     import onnx
 
     model = onnx.load(str(graph), load_external_data=False)
@@ -81,7 +81,7 @@ def residual_bytes(graph: Path) -> dict[str, int]:
         external = {entry.key: entry.value for entry in tensor.external_data}
         size = int(external["length"]) if "length" in external else tensor.ByteSize()
         total += size
-        if tensor.name.endswith(".residual_t") or tensor.name.startswith("gguf.block_indicator"):
+        if tensor.name.endswith(".residual_t"):
             residual += size
     return {"weights_bytes": total, "residual_bytes": residual}
 

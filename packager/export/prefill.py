@@ -183,8 +183,9 @@ def _residual_of(
     correction = producers.get(other)
     if correction is None or correction.op_type != "MatMul" or correction.input[1] not in initializers:
         return None
-    sums = producers.get(correction.input[0])
-    if sums is None or sums.op_type != "MatMul" or sums.input[0] != node.input[0]:
+    sums = producers.get(correction.input[0])  # ReduceSum(Reshape(x)): x's block sums (gguf/operators.py)
+    grouped = producers.get(sums.input[0]) if sums is not None and sums.op_type == "ReduceSum" else None
+    if grouped is None or grouped.op_type != "Reshape" or grouped.input[0] != node.input[0]:
         return None
     return add, correction, correction.input[1]
 

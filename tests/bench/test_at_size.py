@@ -120,7 +120,7 @@ def test_split_by_kind_counts_only_the_decode_runs_and_what_no_node_accounts_for
             run(start, 100),
             node(start + 1, 60, "MatMulNBits", "/model/layers.0/mlp/down_proj/MatMulNBits"),
             node(start + 61, 10, "MatMul", "/model/layers.0/mlp/down_proj/residual/MatMul"),
-            node(start + 71, 5, "MatMul", "/model/layers.0/mlp/down_proj/block_sums/MatMul"),
+            node(start + 71, 5, "ReduceSum", "/model/layers.0/mlp/down_proj/block_sums/ReduceSum"),
             node(start + 76, 4, "GroupQueryAttention", "/model/layers.0/attn/GroupQueryAttention"),
             {"cat": "Node", "name": "x_fence_before", "ts": start + 80, "dur": 50},  # not a kernel's time
         ]

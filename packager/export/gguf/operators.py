@@ -165,14 +165,23 @@ class GraphBuilder:
         return self._packed[ref.key]
 
     def _block_sum(self, x: str, k: int, block_size: int, consumer: str) -> str:
-        """`x` summed over each block of its last axis `[..., k / block_size]`, as a matmul with a 0/1 matrix
-        (measured faster per decode step than Reshape + ReduceSum in the probe)."""
+        """`x` (`[batch, sequence, k]`, as every matmul of a builder graph reads) summed over each block of its last
+        axis: `[batch, sequence, k / block_size]`, by a Reshape to `[..., blocks, block_size]` and a ReduceSum.
+
+        Not a matmul with a 0/1 `[k, blocks]` matrix (what this was): that reads k * blocks * 4 bytes per call,
+        25.7 MB for an 8B model's down projection (k = 14,336), 30 ms of a 406 ms decode step against 4.4 ms this
+        way (ONNX Runtime's profiler, Llama-3.1-8B's shape); alone, this way was faster at every k from 576 up.
+        """
         cached = self._block_sums.get((x, block_size))
         if cached is None:
             blocks = k // block_size
-            indicator = np.kron(np.eye(blocks, dtype=np.float32), np.ones((block_size, 1), np.float32))
-            ones = self.constant(f"gguf.block_indicator.{k}x{block_size}", indicator)
-            cached = self.node("MatMul", [x, ones], f"{x}/block_sums{block_size}", f"{consumer}/block_sums/MatMul")
+            split = self.constant(f"gguf.shape.blocks{blocks}x{block_size}", np.array([0, 0, blocks, block_size]))
+            grouped = self.node("Reshape", [x, split], f"{x}/blocks{block_size}", f"{consumer}/block_sums/Reshape")
+            axis = self.constant("gguf.axis_last", np.array([-1], np.int64))
+            cached = self.node(
+                "ReduceSum", [grouped, axis], f"{x}/block_sums{block_size}", f"{consumer}/block_sums/ReduceSum",
+                keepdims=0,
+            )  # fmt: skip
             self._block_sums[(x, block_size)] = cached
         return cached
 
