@@ -175,15 +175,22 @@ class GraphBuilder:
         cached = self._block_sums.get((x, block_size))
         if cached is None:
             blocks = k // block_size
-            split = self.constant(f"gguf.shape.blocks{blocks}x{block_size}", np.array([0, 0, blocks, block_size]))
+            split, axis = self._blocks_shape(blocks, block_size), self._last_axis()
             grouped = self.node("Reshape", [x, split], f"{x}/blocks{block_size}", f"{consumer}/block_sums/Reshape")
-            axis = self.constant("gguf.axis_last", np.array([-1], np.int64))
             cached = self.node(
                 "ReduceSum", [grouped, axis], f"{x}/block_sums{block_size}", f"{consumer}/block_sums/ReduceSum",
                 keepdims=0,
             )  # fmt: skip
             self._block_sums[(x, block_size)] = cached
         return cached
+
+    def _blocks_shape(self, blocks: int, block_size: int) -> str:
+        """A Reshape's target splitting the last axis of `[batch, sequence, k]` into `[blocks, block_size]`: one
+        constant for the block sums and the gathered rows' residual, which share it by name."""
+        return self.constant(f"gguf.shape.blocks{blocks}x{block_size}", np.array([0, 0, blocks, block_size], np.int64))
+
+    def _last_axis(self) -> str:
+        return self.constant("gguf.axis_last", np.array([-1], np.int64))
 
     def gather(self, indices: str, output: str, ref: WeightRef, name: str) -> None:
         """`output = W[indices]` (an embedding lookup) on the weight's own blocks."""
@@ -221,9 +228,8 @@ class GraphBuilder:
         blocks = k // block_size
         table = self.constant(f"{key}.residual", lambda: _blocks(ref).residual)  # type: ignore[arg-type,return-value]
         picked = self.node("Gather", [table, indices], f"{output}/residual", f"{name}/residual/Gather")
-        axis = self.constant("gguf.axis_last", np.array([-1], np.int64))
+        split, axis = self._blocks_shape(blocks, block_size), self._last_axis()
         column = self.node("Unsqueeze", [picked, axis], f"{output}/residual_column", f"{name}/residual/Unsqueeze")
-        split = self.constant(f"gguf.shape.blocks{blocks}x{block_size}", np.array([0, 0, blocks, block_size]))
         grouped = self.node("Reshape", [main, split], f"{output}/grouped", f"{name}/residual/Reshape")
         summed = self.node("Add", [grouped, column], f"{output}/corrected", f"{name}/residual/Add")
         flat = self.constant(f"gguf.shape.flat{k}", np.array([0, 0, k]))
