@@ -14,6 +14,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
+
+_M_ARENA_MAX = -8  # glibc's malloc.h
 
 
 class _MallInfo2(ctypes.Structure):  # glibc's `struct mallinfo2`, every field a size_t
@@ -47,6 +50,20 @@ def allocated_bytes() -> int | None:
         return None
     info = libc.mallinfo2()
     return int(info.uordblks + info.hblkhd)
+
+
+def limit_arenas(arenas: int = 2) -> None:
+    """Cap glibc's malloc arenas for the rest of this process, as `MALLOC_ARENA_MAX` would; call it before any
+    thread starts (arenas made earlier stay).
+
+    glibc gives each thread that contends for the heap an arena of its own (up to 8 per core) and returns
+    little of them to the system. PyTorch's layer-by-layer reference pass on the 8B shape, alone in a process:
+    peak RSS 3.53 GB and 2.65 GB left resident after it with the default, 2.27 GB and 0.99 GB with two arenas;
+    capped at the start of that pass instead of the process's, 3.35 GB. A user's own `MALLOC_ARENA_MAX` wins.
+    """
+    libc = _libc()
+    if libc is not None and not os.environ.get("MALLOC_ARENA_MAX"):
+        libc.mallopt(_M_ARENA_MAX, arenas)
 
 
 def release_free_memory() -> None:
