@@ -27,7 +27,7 @@ from packager.sources import locate_source
 from packager.sources.task_fit import check_source_fits_task
 from packager.spec import FunctionSpec, load_spec, spec_table
 from packager.spec_reference import spec_keys
-from runtime.engine.heap import limit_arenas
+from runtime.engine.heap import bound_heap
 
 console = Console()
 # Model facts the JSON result leaves out: the runtime's wiring, not figures about the model.
@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    limit_arenas()  # first: before the export's and the reference pass's threads exist
+    bound_heap()  # first: before the export's and the reference pass's threads exist
     # Imported here: the build pulls in onnx and the exporter, which other commands never need.
     from packager.build import BuildResult, build_function
 
