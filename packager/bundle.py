@@ -17,7 +17,6 @@ from pathlib import Path
 from packager.adapters.build import ADAPTER_DIR, DeclaredAdapter, adapt_graph, bundled_files, manifest_entry
 from packager.errors import UserError
 from packager.export.builder import CARRY_REPORT
-from packager.export.gguf.operators import folded_weight_bytes
 from packager.export.prefill import write_prefill_graphs
 from packager.snapshot import add_snapshot
 from packager.spec import FunctionSpec
@@ -199,7 +198,6 @@ def _assemble(inputs: BundleInputs, out: Path) -> Manifest:
         created_by={name: metadata.version(name) for name in ("onnxfn", "onnxruntime", "onnxruntime-genai")},
         build_key=inputs.build_key,
         adapters=manifest_entry(adapters.layout, adapters.declared) if adapters is not None else None,
-        folded_weight_bytes=folded_weight_bytes(out / "model.onnx"),
     )
     manifest = add_snapshot(out, manifest, inputs.spec)
     manifest_path = out / MANIFEST_NAME

@@ -1,10 +1,10 @@
 """What fits where: the limits of each deploy target and the published sizes of the models users bring.
 
 One place for the numbers the targets check a bundle against before deploying (and docs/models.md prints): a
-model is served from memory, so a target needs the packed weights (about 1.3x the bundle's weights as loaded), the
-KV pool and the prefix cache at their budgets, and the runtime (runtime/memory_need.py, checked against Lambda's
-memory setting and against the free memory an edge agent reports); some targets cap the files too. Every check
-here runs before anything is built, uploaded or created, and its refusal names the sizes.
+model is served from memory, so a target needs the packed weights (about 1.3x the bundle), the KV pool and the
+prefix cache at their budgets, and the runtime (runtime/memory_need.py, checked against Lambda's memory setting and
+against the free memory an edge agent reports); some targets cap the files too. Every check here runs before
+anything is built, uploaded or created, and its refusal names the sizes.
 """
 
 from __future__ import annotations
@@ -127,27 +127,20 @@ class PublishedFit:
     targets: str  # the devices and machines it fits, besides the Lambda memory setting computed here
 
     def need(self, kv_memory_mb: int = 512, prefix_cache_mb: int = 128) -> tuple[MemoryNeed, MemoryNeed]:
-        """The row's smallest and largest need at the default [runtime] budgets."""
+        """The row's smallest and largest need at the default [runtime] budgets (a bundle is about its file)."""
         low, high = (
-            MemoryNeed(int(size * LOADED_PER_FILE * PACKED_WEIGHT_RATIO), kv_memory_mb * MB, prefix_cache_mb * MB)
+            MemoryNeed(int(size * PACKED_WEIGHT_RATIO), kv_memory_mb * MB, prefix_cache_mb * MB)
             for size in self.file_bytes
         )
         return low, high
 
 
-# A GGUF's weights as ONNX Runtime holds them before packing, per byte of the file: a bundle stores the file's
-# float16 and 6-bit scales, which load as float32 per block of 32 (the residual of a block minimum too). Measured,
-# bundle weights + `folded_weight_bytes` over the Q4_K_M file: 1.43 at Llama-3.2-1B's shape, 1.40 at 3.1-8B's.
-LOADED_PER_FILE = 1.43
-
-
 GB_FILE = 1_000_000_000  # published file sizes are in decimal GB
 
 SIZE_NOTES = (
-    "A bundle is about the GGUF's size (precision `gguf` keeps its blocks and their float16 scales; `int4` from a "
-    "Hugging Face folder is about the same). Loaded, ONNX Runtime widens those scales to float32 (a Q4_K_M file's "
-    f"weights become {LOADED_PER_FILE}x the file) and packs them ({PACKED_WEIGHT_RATIO}x that, measured): serving "
-    "holds those packed weights, the KV pool (`[runtime] kv_memory_mb`, default 512 MB), the prefix cache "
+    "A bundle is about the GGUF's size (precision `gguf` keeps its blocks; `int4` from a Hugging Face folder is "
+    f"about the same). Serving holds the weights packed by ONNX Runtime from the bundle ({PACKED_WEIGHT_RATIO}x its "
+    "weight files, measured), the KV pool (`[runtime] kv_memory_mb`, default 512 MB), the prefix cache "
     f"(`prefix_cache_mb`, default 128 MB) and {RUNTIME_BYTES / GB:.2f} GiB of runtime: the estimate "
     "(runtime/memory_need.py) that aws-lambda and `pkg push` check before they deploy, refusing with the sizes named "
     "a bundle that cannot fit. "
@@ -172,12 +165,12 @@ TARGET_FITS: tuple[PublishedFit, ...] = (
     PublishedFit(
         "Llama 3.2 3B / Qwen 2.5 3B",
         (2_000_000_000, 2_000_000_000),
-        "Lambda image, Jetson Orin Nano 8 GB (shared with the GPU), CPU box with 6 GB+",
+        "Lambda image, Jetson Orin Nano 8 GB (shared with the GPU), CPU box with 4 GB+",
     ),
     PublishedFit(
         "Llama 3.1 8B / Qwen 2.5 7B / Mistral 7B",
         (4_700_000_000, 4_900_000_000),
-        "Lambda image (slow: CPU only), Jetson AGX Orin / Orin NX 16 GB, CPU box with 12 GB+, a GPU with 16 GB+ "
+        "Lambda image (slow: CPU only), Jetson AGX Orin / Orin NX 16 GB, CPU box with 8 GB+, a GPU with 8 GB+ "
         "(SageMaker ml.g5)",
     ),
 )

@@ -116,9 +116,6 @@ class Manifest:
     # A decoder graph that takes LoRA adapters: {"layout": AdapterLayout JSON, "bundled": {name: file}}
     # (runtime/adapters/); None: the graph takes none.
     adapters: dict[str, Any] | None = None
-    # Bytes ONNX Runtime's constant folding adds to the graphs' weights when it loads them: a K-quant's scales and
-    # residuals are stored as the GGUF stores them and multiplied out to float32 at load (packager/export/gguf).
-    folded_weight_bytes: int = 0
 
     @property
     def decoder(self) -> ModelFacts:
@@ -150,8 +147,6 @@ class Manifest:
             optional["encoder"] = _encoder_to_json(self.encoder)
         if self.adapters is not None:
             optional["adapters"] = self.adapters
-        if self.folded_weight_bytes:
-            optional["folded_weight_bytes"] = self.folded_weight_bytes
         return {
             "format_version": self.format_version,
             "function": self.function,
@@ -194,7 +189,6 @@ class Manifest:
                 task=task,
                 encoder=encoder,
                 adapters=data.get("adapters"),
-                folded_weight_bytes=int(data.get("folded_weight_bytes", 0)),
             )
         except (KeyError, TypeError) as exc:
             raise BundleError(f"manifest.json is malformed: {exc!r}; rebuild the bundle") from exc

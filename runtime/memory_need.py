@@ -55,10 +55,8 @@ def gib(size: int) -> str:
 
 
 def weight_bytes(manifest: Manifest) -> int:
-    """The bytes of the bundle's graphs and their weight files (what the engine maps), with the float32 tables
-    ONNX Runtime computes from factors at load (a K-quant's scales: stored as the GGUF stores them)."""
-    files = sum(entry.size for name, entry in manifest.files.items() if name.endswith(WEIGHT_SUFFIXES))
-    return files + manifest.folded_weight_bytes
+    """The bytes of the bundle's graphs and their weight files (what the engine maps)."""
+    return sum(entry.size for name, entry in manifest.files.items() if name.endswith(WEIGHT_SUFFIXES))
 
 
 def serving_need(manifest: Manifest, kv_pool_bytes: int, prefix_cache_bytes: int) -> MemoryNeed:

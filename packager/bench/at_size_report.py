@@ -173,7 +173,7 @@ def target_rows(results: dict[str, Any]) -> list[list]:
         size = artifacts["onnxfn"]["total_bytes"] / artifacts["llamacpp"]["total_bytes"]
         note = f"{artifacts['onnxfn']['total_bytes'] / 1e6:,.0f} MB"
         if runs := results.get("profile", {}).get("this model", {}).get("runs"):
-            note += f"; its residual terms take {runs[-1]['residual_bytes'] / 1e6:,.0f} MB once loaded (float32)"
+            note += f", of which {runs[-1]['residual_bytes'] / 1e6:,.0f} MB residual terms"
         rows.append(_ceiling_row("bundle / GGUF", 1.25, size, note))
     return rows + build_rows(results)
 

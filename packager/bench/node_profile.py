@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -73,8 +72,7 @@ def split_by_kind(events: list[dict[str, Any]], skip_runs: int) -> dict[str, Any
 
 
 def residual_bytes(graph: Path) -> dict[str, int]:
-    """Bytes of the graph's weights as stored, and of those as loaded the float32 residual tables a decode step
-    reads (stored as `.residual_t`, or folded at load from a K-quant's factored minimum: one float32 per block)."""
+    """Bytes of the graph's weights, and of those only the residual term reads."""
     import onnx
 
     model = onnx.load(str(graph), load_external_data=False)
@@ -85,8 +83,6 @@ def residual_bytes(graph: Path) -> dict[str, int]:
         total += size
         if tensor.name.endswith(".residual_t"):
             residual += size
-        elif tensor.name.endswith(".minimum.sub"):
-            residual += 4 * math.prod(tensor.dims)
     return {"weights_bytes": total, "residual_bytes": residual}
 
 

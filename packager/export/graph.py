@@ -32,18 +32,6 @@ def all_inputs(node: NodeProto) -> Iterable[str]:
                         yield name
 
 
-def table_producers(graph: onnx.GraphProto) -> dict[str, NodeProto]:
-    """The nodes that compute a table from initializers alone (a GGUF weight's float32 scales from the file's
-    float16s, gguf/operators.py), by output: ONNX Runtime folds them when it loads the graph."""
-    constant = {t.name for t in graph.initializer}
-    producers: dict[str, NodeProto] = {}
-    for node in graph.node:  # graph order is topological
-        if node.input and all(not name or name in constant for name in node.input):
-            constant.update(node.output)
-            producers.update((output, node) for output in node.output)
-    return producers
-
-
 def drop_dead_nodes(graph: onnx.GraphProto) -> None:
     """Remove the nodes none of whose outputs is read, until none is left (after a rewrite bypassed some)."""
     while True:

@@ -37,8 +37,7 @@ from onnx import NodeProto, TensorProto, helper
 
 from packager.errors import UserError
 from packager.export.external_data import PAGE, external_tensor
-from packager.export.gguf.operators import factor_names, minimum_of
-from packager.export.graph import drop_dead_nodes, table_producers
+from packager.export.graph import drop_dead_nodes
 from runtime.engine.derived import recipe_name
 from runtime.engine.graphs import PREFILL_MODEL_FILE, QUANTIZED_PREFILL_FILE, ROW_LAST_POSITIONS
 
@@ -86,10 +85,9 @@ def _gather_last_positions(model: onnx.ModelProto) -> None:
     # lm_head may be several nodes (a GGUF weight with a block residual): each one reading the hidden state
     # from outside lm_head reads the gathered rows instead.
     head_nodes = [n for n in graph.node if n.name.startswith(LM_HEAD_PREFIX)]
-    # Not the hidden state: lm_head's own outputs, weights, and constants (Gemma 2's logit soft-cap, a GGUF
-    # weight's scales computed from the file's float16s).
+    # Not the hidden state: lm_head's own outputs, weights, and constants (Gemma 2's logit soft-cap).
     known = {o for n in head_nodes for o in n.output} | {t.name for t in graph.initializer}
-    known |= {o for n in graph.node if n.op_type == "Constant" for o in n.output} | set(table_producers(graph))
+    known |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
     hidden = {i for n in head_nodes for i in n.input if i and i not in known}
     if len(hidden) != 1:
         raise UserError(f"lm_head reads {sorted(hidden)}; onnxfn expects it to read one hidden state")
@@ -148,14 +146,11 @@ def _dequantize_matmuls(model: onnx.ModelProto) -> dict[str, Any] | None:
         spec: dict[str, Any] = {"bits": int(attrs["bits"]), "K": int(attrs["K"])}
         for key, name in zip(("blocks", "scales", "zero_points"), node.input[1:], strict=False):
             if name:
-                spec[key] = _table_ref(name, initializers)
-        residual = _residual_of(node, producers, readers)
+                spec[key] = _ref(initializers[name])
+        residual = _residual_of(node, producers, readers, initializers)
         if residual is not None:
             add, correction, residual_t = residual
-            if residual_t in initializers:
-                spec["residual_t"] = _ref(initializers[residual_t])
-            else:  # computed from the file's factored minimum (gguf/operators.py): the recipe names the factors
-                spec["minimum"] = _table_ref(minimum_of(residual_t), initializers)
+            spec["residual_t"] = _ref(initializers[residual_t])
             node.output[0] = add.output[0]
             removed += [add, correction]
         name = f"{node.input[1]}.fp32"
@@ -173,21 +168,11 @@ def _dequantize_matmuls(model: onnx.ModelProto) -> dict[str, Any] | None:
     return _relocate(graph, derived)
 
 
-def _table_ref(name: str, initializers: dict[str, TensorProto]) -> dict[str, Any]:
-    """Where a weight's table is: an initializer's bytes, or the factors it is computed from."""
-    if name in initializers:
-        return _ref(initializers[name])
-    sub, super_ = factor_names(name)
-    if super_ not in initializers:
-        raise UserError(f"the graph computes {name} from something other than stored factors; rebuild the export")
-    factors = {"super": _ref(initializers[super_])}
-    if sub in initializers:
-        factors["sub"] = _ref(initializers[sub])
-    return factors
-
-
 def _residual_of(
-    node: NodeProto, producers: dict[str, NodeProto], readers: dict[str, list[NodeProto]]
+    node: NodeProto,
+    producers: dict[str, NodeProto],
+    readers: dict[str, list[NodeProto]],
+    initializers: dict[str, TensorProto],
 ) -> tuple[NodeProto, NodeProto, str] | None:
     """The `Add(node, MatMul(block sums, residual_t))` a GGUF weight with a block minimum adds to `node`, if any."""
     users = readers.get(node.output[0], [])
@@ -196,7 +181,7 @@ def _residual_of(
     add = users[0]
     other = add.input[1] if add.input[0] == node.output[0] else add.input[0]
     correction = producers.get(other)
-    if correction is None or correction.op_type != "MatMul":
+    if correction is None or correction.op_type != "MatMul" or correction.input[1] not in initializers:
         return None
     sums = producers.get(correction.input[0])  # ReduceSum(Reshape(x)): x's block sums (gguf/operators.py)
     grouped = producers.get(sums.input[0]) if sums is not None and sums.op_type == "ReduceSum" else None

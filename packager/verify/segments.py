@@ -11,7 +11,6 @@ whole, in memory or on disk.
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ import onnxruntime as ort
 from onnx import NodeProto, TensorProto, helper
 
 from packager.export.external_data import INLINE_LIMIT, external_tensor
-from packager.export.graph import all_inputs, table_producers
+from packager.export.graph import all_inputs
 from packager.export.materialize import MemoryWeights, Structure
 from packager.export.moe import QuantizedExperts, float_moe_nodes, qmoe_layout, unpack
 from packager.mapped import release
@@ -184,52 +183,11 @@ class RunReport:
     per_segment: list[tuple[str, float]] = field(default_factory=list)
 
 
-def _folded_bytes(graph: onnx.GraphProto, producers: dict[str, NodeProto]) -> dict[str, int]:
-    """Each table's bytes once folded, for the segments' budget: float32, one per element of its largest source
-    (a K-quant's scales: one per sub-block, however few bytes their factors take in the file)."""
-    sizes = {t.name: math.prod(t.dims) for t in graph.initializer}
-    elements: dict[str, int] = {}
-    for node in graph.node:  # topological: a table's sources are sized before it
-        if node.output and node.output[0] in producers:
-            largest = max((sizes.get(i, elements.get(i, 0)) for i in node.input if i), default=0)
-            elements.update((output, largest) for output in node.output)
-    return {name: 4 * count for name, count in elements.items()}
-
-
-def with_tables(nodes: list[NodeProto], producers: dict[str, NodeProto]) -> list[NodeProto]:
-    """`nodes` after the table nodes they read (and those read by these), each once, in dependency order.
-
-    A segment computes its own tables so that ONNX Runtime folds them there as it does in the whole graph: handed
-    in as an input, a MatMulNBits' scales are no constant, it packs its weight without them, and its products
-    came out 0."""
-    made = {o for node in nodes for o in node.output}
-    added: list[NodeProto] = []
-
-    def need(name: str) -> None:
-        node = producers.get(name)
-        if node is None or name in made:
-            return
-        made.update(node.output)
-        for source in node.input:
-            need(source)
-        added.append(node)  # after what it reads
-
-    for node in nodes:
-        for name in all_inputs(node):
-            need(name)
-    return added + nodes
-
-
 def partition(system: System, budget: int = DEFAULT_BUDGET) -> list[list[NodeProto]]:
-    """The graph's nodes in segments: whole layers (and the parts before and after them), merged under `budget`.
-    Table nodes (`table_producers`) are left out: each segment computes those it reads (`with_tables`)."""
+    """The graph's nodes in segments: whole layers (and the parts before and after them), merged under `budget`."""
     groups: list[tuple[str, list[NodeProto]]] = []
     seen_layer = False
-    tables = table_producers(system.graph)
-    folded = _folded_bytes(system.graph, tables)
     for node in system.graph.node:
-        if node.output and node.output[0] in tables:
-            continue
         match = _LAYER.match(node.name)
         if match:
             key, seen_layer = f"layer{match.group(1)}", True
@@ -243,7 +201,6 @@ def partition(system: System, budget: int = DEFAULT_BUDGET) -> list[list[NodePro
     size = 0
     for _, nodes in groups:
         group_bytes = sum(system.weight_bytes(n) for n in nodes)
-        group_bytes += sum(folded.get(name, 0) for name in {i for n in nodes for i in all_inputs(n)})
         if segments and size + group_bytes <= budget:
             segments[-1].extend(nodes)
             size += group_bytes
@@ -272,7 +229,6 @@ def run_sequences(
     report = RunReport()
     started = time.perf_counter()
     segments = partition(system, budget)
-    tables = table_producers(system.graph)
     graph_outputs = {o.name for o in system.graph.output}
     logits_name = "logits"
     values: list[dict[str, np.ndarray]] = [{**feeds(s), **(extra or {})} for s in sequences]
@@ -280,13 +236,12 @@ def run_sequences(
     kept: list[np.ndarray] = [np.empty(0)] * len(sequences)
     for index, nodes in enumerate(segments):
         segment_started = time.perf_counter()
-        run_nodes, weights = system.segment(with_tables(nodes, tables))
+        run_nodes, weights = system.segment(nodes)
         report.largest_segment_bytes = max(report.largest_segment_bytes, weights.nbytes)
         produced = {o for node in run_nodes for o in node.output}
         inputs = sorted({n for node in run_nodes for n in all_inputs(node)} - produced - set(weights.arrays) - {""})
         later = {name for name, last in readers.items() if last > index}
-        handed_on = {o for o in produced if o and o not in tables and o in later}  # tables: each segment its own
-        outputs = sorted(handed_on | ({logits_name} & produced & graph_outputs))
+        outputs = sorted(o for o in produced if o and (o in later or (o == logits_name and o in graph_outputs)))
         session = _session(system, run_nodes, weights, inputs, values[0], outputs, threads)
         for i, sequence_values in enumerate(values):
             results = session.run(outputs, {name: sequence_values[name] for name in inputs})

@@ -72,36 +72,14 @@ def dequantize_nbits(
     if zero_points is None:
         values -= float(1 << (bits - 1))
     else:
-        values -= unpack_zero_points(zero_points, bits, blocks)[:, :, None].astype(np.float32)
+        zero = zero_points.reshape(n, -1)
+        if bits == 4:
+            zero = _nibbles(zero)
+        values -= zero[:, :blocks, None].astype(np.float32)
     values *= scales.reshape(n, blocks)[:, :, None]
     if residual is not None:
         values += residual.reshape(n, blocks)[:, :, None]
     return np.ascontiguousarray(values.reshape(n, -1)[:, :k].T)
-
-
-def compose_factor(sub: NDArray[Any] | None, super_: NDArray[Any]) -> NDArray[np.float32]:
-    """A GGUF scale or minimum per block as float32 `[rows, blocks]`, the graph's own operations: a K-quant's
-    integer per sub-block (`sub`, `[rows, blocks]`) times its super-block's float16 (`super_`, `[rows, supers]`),
-    or without `sub` each block's own float16 widened."""
-    if sub is None:
-        return super_.astype(np.float32)
-    rows, blocks = sub.shape
-    product = super_.astype(np.float32)[..., None] * sub.reshape(rows, -1, blocks // super_.shape[1]).astype(np.float32)
-    return product.reshape(rows, blocks)
-
-
-def block_residual(
-    minimum: NDArray[np.float32], zero: NDArray[np.uint8], scales: NDArray[np.float32]
-) -> NDArray[np.float32]:
-    """`minimum + zero * scales` in float32, in the order the graph computes a block minimum's residual."""
-    return (minimum + zero.astype(np.float32) * scales).astype(np.float32)
-
-
-def unpack_zero_points(zero_points: NDArray[np.uint8], bits: int, blocks: int) -> NDArray[np.uint8]:
-    """MatMulNBits' zero points `[N, blocks]` (4-bit ones stored two to a byte, low nibble first)."""
-    n = zero_points.shape[0]
-    zero = zero_points.reshape(n, -1)
-    return (_nibbles(zero) if bits == 4 else zero)[:, :blocks]
 
 
 def _nibbles(packed: NDArray[np.uint8]) -> NDArray[np.uint8]:
@@ -212,17 +190,6 @@ def write_data(recipe: dict[str, Any], bundle: Bundle, out: Path, recipe_file: s
     def read_optional(ref: dict[str, Any] | None) -> NDArray[Any] | None:
         return None if ref is None else read(ref)
 
-    def read_table(ref: dict[str, Any]) -> NDArray[Any]:
-        """A float32 table per block: stored, or a GGUF's `{"super"[, "sub"]}` factors (compose_factor)."""
-        if "super" not in ref:
-            return read(ref)
-        super_, sub = read(ref["super"]), read_optional(ref.get("sub"))
-        if super_.ndim != 2 or (
-            sub is not None and (sub.ndim != 2 or sub.shape[0] != super_.shape[0] or sub.shape[1] % super_.shape[1])
-        ):
-            raise BundleError(f"{recipe_file} holds factors of mismatched shapes; rebuild the bundle")
-        return compose_factor(sub, super_)
-
     def write(f: BinaryIO, offset: int, data: NDArray[Any]) -> None:
         if offset < 0 or offset + data.nbytes > size:
             raise BundleError(f"{recipe_file} writes past the size it declares; rebuild the bundle")
@@ -236,18 +203,15 @@ def write_data(recipe: dict[str, Any], bundle: Bundle, out: Path, recipe_file: s
                     write(f, int(tensor["offset"]), read(tensor["copy"]))
                     continue
                 spec = tensor["dequantize"]
-                blocks, bits = read(spec["blocks"]), int(spec["bits"])
-                zero_points = read_optional(spec.get("zero_points"))
-                scales = read_table(spec["scales"])
-                residual: NDArray[Any] | None = None
-                if "residual_t" in spec:  # stored as the graph multiplies by it: [blocks, N]
-                    residual = read(spec["residual_t"]).T
-                elif "minimum" in spec:  # a K-quant's factored minimum: the residual as the graph folds it
-                    if zero_points is None:
-                        raise BundleError(f"{recipe_file} names a minimum without zero points; rebuild the bundle")
-                    zero = unpack_zero_points(zero_points, bits, scales.shape[1])
-                    residual = block_residual(-read_table(spec["minimum"]), zero, scales)
-                weight = dequantize_nbits(blocks, scales, bits, int(spec["K"]), zero_points, residual)
+                residual_t = read_optional(spec.get("residual_t"))  # stored as the graph multiplies by it: [blocks, N]
+                weight = dequantize_nbits(
+                    read(spec["blocks"]),
+                    read(spec["scales"]),
+                    int(spec["bits"]),
+                    int(spec["K"]),
+                    read_optional(spec.get("zero_points")),
+                    None if residual_t is None else residual_t.T,
+                )
                 write(f, int(tensor["offset"]), weight)
             f.truncate(size)
             f.flush()

@@ -15,12 +15,6 @@ per block, so each one lands in that form without re-quantizing:
 Types of 4 bits or fewer use a 4-bit container, wider ones an 8-bit container. The K-quants' per-sub-block
 scale is `d * sc` in float32, as the `gguf` package (and transformers, which uses it) computes it, so
 symmetric types dequantize bit for bit to what the fp32 reference holds and the others to fp32 rounding.
-
-The operators want float32 scales, but GGUF stores less: a float16 per block (Q4_0, Q4_1, Q8_0, ...), or for a
-K-quant a small integer per sub-block times a float16 per super-block of 256 weights. A bundle stores them the
-file's way (`ScaleFactors`) and ONNX Runtime multiplies them out when it loads the graph: float32 per sub-block
-is 1 bit per weight for Q4_K's scales and 1 more for its residual, 2 for Q6_K's scales, against 0.31 factored.
-The products are the same float32 operations, so the loaded graph holds the same bits.
 """
 
 from __future__ import annotations
@@ -30,60 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from runtime.engine.derived import block_residual, compose_factor
-
 QK_K = 256  # the K-quants' super-block
-
-
-@dataclass(frozen=True)
-class Factor:
-    """`sub[n, b] * super[n, b // per_super]` in float32 (a K-quant's per-sub-block scale or minimum), or without
-    `sub` the float16 `super[n, b]` widened (a block's own scale or minimum)."""
-
-    sub: np.ndarray | None  # int8 or uint8 [rows, blocks]
-    super: np.ndarray  # float16 [rows, blocks / per_super]
-
-    def take(self, rows: np.ndarray) -> Factor:
-        return Factor(None if self.sub is None else self.sub[rows], self.super[rows])
-
-    def value(self) -> np.ndarray:
-        return compose_factor(self.sub, self.super)
-
-
-@dataclass(frozen=True)
-class ScaleFactors:
-    """How a K-quant's `scales` (and, with a block minimum, `residual`) come from the GGUF's own fields:
-    `scales = scale.value()`; `residual = -minimum.value() + zero_points * scales` (blocks.py's residual form)."""
-
-    scale: Factor
-    minimum: Factor | None  # subtracted, as K-quants store it (`-dmin * m`); Q4_1's added one is stored negated
-
-    def take(self, rows: np.ndarray) -> ScaleFactors:
-        return ScaleFactors(self.scale.take(rows), None if self.minimum is None else self.minimum.take(rows))
-
-    @staticmethod
-    def concatenate(parts: list[ScaleFactors | None]) -> ScaleFactors | None:
-        """The parts' factors one after the other; None unless every part has them, alike."""
-        if any(p is None for p in parts):
-            return None
-        known = [p for p in parts if p is not None]
-        shapes = {(_form(p.scale), None if p.minimum is None else _form(p.minimum)) for p in known}
-        if len(shapes) != 1:
-            return None
-
-        def join(factors: list[Factor]) -> Factor:
-            subs = [f.sub for f in factors if f.sub is not None]  # all or none: their forms are alike
-            return Factor(np.concatenate(subs) if subs else None, np.concatenate([f.super for f in factors]))
-
-        minimum = None if known[0].minimum is None else join([p.minimum for p in known])  # type: ignore[misc]
-        return ScaleFactors(join([p.scale for p in known]), minimum)
-
-
-def _form(factor: Factor) -> tuple[object, int]:
-    """What factors must share to be stacked: the integers' type and the sub-blocks per float16."""
-    if factor.sub is None:
-        return None, 1
-    return factor.sub.dtype, factor.sub.shape[1] // factor.super.shape[1]
 
 
 @dataclass(frozen=True)
@@ -99,7 +40,6 @@ class BlockWeight:
     scales: np.ndarray  # float32 [rows, blocks]
     zero_points: np.ndarray | None  # uint8 [rows, blocks]
     residual: np.ndarray | None  # float32 [rows, blocks]
-    factors: ScaleFactors | None = None  # scales and residual as the GGUF stores them
 
     @property
     def layout(self) -> tuple[int, int, bool, bool]:
@@ -117,7 +57,6 @@ class BlockWeight:
             self.scales[rows],
             pick(self.zero_points),
             pick(self.residual),
-            None if self.factors is None else self.factors.take(rows),
         )
 
     @staticmethod
@@ -136,7 +75,6 @@ class BlockWeight:
             np.concatenate([p.scales for p in parts]),
             join([p.zero_points for p in parts]),
             join([p.residual for p in parts]),
-            ScaleFactors.concatenate([p.factors for p in parts]),
         )
 
     def dequantize(self) -> np.ndarray:
@@ -182,27 +120,26 @@ def _high_bits(qh: np.ndarray) -> np.ndarray:
 
 
 def _q4_0(blocks: np.ndarray, block_size: int) -> BlockWeight:
-    return _symmetric(_nibbles_halves(blocks[..., 2:18]), _half(blocks, 0), center=8, source_bits=4)
+    return _symmetric(_nibbles_halves(blocks[..., 2:18]), _f16(blocks, 0), center=8, source_bits=4)
 
 
 def _q4_1(blocks: np.ndarray, block_size: int) -> BlockWeight:
-    q = _nibbles_halves(blocks[..., 4:20])
-    return _with_minimum(q, _half(blocks, 0), _half(blocks, 2, negated=True), source_bits=4)
+    return _with_minimum(_nibbles_halves(blocks[..., 4:20]), _f16(blocks, 0), _f16(blocks, 2), source_bits=4)
 
 
 def _q5_0(blocks: np.ndarray, block_size: int) -> BlockWeight:
     q = _nibbles_halves(blocks[..., 6:22]) | (_high_bits(blocks[..., 2:6]) << 4)
-    return _symmetric(q, _half(blocks, 0), center=16, source_bits=5)
+    return _symmetric(q, _f16(blocks, 0), center=16, source_bits=5)
 
 
 def _q5_1(blocks: np.ndarray, block_size: int) -> BlockWeight:
     q = _nibbles_halves(blocks[..., 8:24]) | (_high_bits(blocks[..., 4:8]) << 4)
-    return _with_minimum(q, _half(blocks, 0), _half(blocks, 2, negated=True), source_bits=5)
+    return _with_minimum(q, _f16(blocks, 0), _f16(blocks, 2), source_bits=5)
 
 
 def _q8_0(blocks: np.ndarray, block_size: int) -> BlockWeight:
     q = blocks[..., 2:34] ^ np.uint8(0x80)  # int8 → uint8 + 128
-    return _symmetric(q, _half(blocks, 0), center=128, source_bits=8)
+    return _symmetric(q, _f16(blocks, 0), center=128, source_bits=8)
 
 
 def _mxfp4(blocks: np.ndarray, block_size: int) -> BlockWeight:
@@ -229,21 +166,12 @@ def _split_k(blocks: np.ndarray, q: np.ndarray, *, source_bits: int) -> BlockWei
     """Q4_K/Q5_K super-blocks of 8 sub-blocks of 32: `w = d*sc * q - dmin*m`."""
     rows, supers = blocks.shape[:2]
     sc, mn = _k_scale_min(blocks[..., 4:16])
+    d = _f16(blocks, 0)[..., None] * sc.astype(np.float32)
+    minimum = -(_f16(blocks, 2)[..., None] * mn.astype(np.float32))
     shape = (rows, supers * 8)
-    scale, minimum = _factor(blocks, 0, sc.reshape(shape)), _factor(blocks, 2, mn.reshape(shape))
-    return _with_minimum(q.reshape(rows, supers * 8, 32), scale, minimum, source_bits=source_bits)
-
-
-def _half(blocks: np.ndarray, start: int, *, negated: bool = False) -> Factor:
-    """Each block's own float16 at byte `start`; `negated` for a minimum that is added (its sign flips exactly)."""
-    half = blocks[..., start : start + 2].copy().view(np.float16)[..., 0]
-    return Factor(None, np.ascontiguousarray(-half if negated else half))
-
-
-def _factor(blocks: np.ndarray, start: int, sub: np.ndarray) -> Factor:
-    """The super-block's float16 at byte `start` of each block, over the sub-blocks' integers `sub` [rows, blocks]."""
-    super_ = blocks[..., start : start + 2].copy().view(np.float16)[..., 0]
-    return Factor(np.ascontiguousarray(sub), np.ascontiguousarray(super_))
+    return _with_minimum(
+        q.reshape(rows, supers * 8, 32), d.reshape(shape), minimum.reshape(shape), source_bits=source_bits
+    )
 
 
 def _q4_k(blocks: np.ndarray, block_size: int) -> BlockWeight:
@@ -269,8 +197,9 @@ def _q6_k(blocks: np.ndarray, block_size: int) -> BlockWeight:
     low = ((ql >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 0x0F).reshape(rows, supers, 2, 4, 32)
     high = ((qh >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 3).reshape(rows, supers, 2, 4, 32)
     q = (low | (high << 4)).reshape(rows, supers * 16, 16)
-    sc = blocks[..., 192:208].copy().view(np.int8).reshape(rows, supers * 16)
-    return _symmetric(q, _factor(blocks, 208, sc), center=32, source_bits=6)
+    sc = blocks[..., 192:208].copy().view(np.int8).astype(np.float32)
+    d = (_f16(blocks, 208)[..., None] * sc).reshape(rows, supers * 16)
+    return _symmetric(q, d, center=32, source_bits=6)
 
 
 def _q2_k(blocks: np.ndarray, block_size: int) -> BlockWeight:
@@ -278,12 +207,9 @@ def _q2_k(blocks: np.ndarray, block_size: int) -> BlockWeight:
     scales = blocks[..., 0:16]
     qs = blocks[..., 16:80].reshape(rows, supers, 2, 1, 32)
     q = ((qs >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 3).reshape(rows, supers * 16, 16)
-    shape = (rows, supers * 16)
-    scale, minimum = (
-        _factor(blocks, 80, (scales & 0x0F).reshape(shape)),
-        _factor(blocks, 82, (scales >> 4).reshape(shape)),
-    )
-    return _with_minimum(q, scale, minimum, source_bits=2)
+    d = (_f16(blocks, 80)[..., None] * (scales & 0x0F).astype(np.float32)).reshape(rows, supers * 16)
+    minimum = -(_f16(blocks, 82)[..., None] * (scales >> 4).astype(np.float32)).reshape(rows, supers * 16)
+    return _with_minimum(q, d, minimum, source_bits=2)
 
 
 def _q3_k(blocks: np.ndarray, block_size: int) -> BlockWeight:
@@ -295,7 +221,7 @@ def _q3_k(blocks: np.ndarray, block_size: int) -> BlockWeight:
     shifts = np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
     high_scales = (packed[..., 8:12].reshape(rows, supers, 1, 4) >> shifts) & 3
     sc = (low_scales.reshape(rows, supers, 16) | (high_scales.reshape(rows, supers, 16) << 4)).astype(np.int16) - 32
-    d = _factor(blocks, 108, sc.astype(np.int8).reshape(rows, supers * 16))
+    d = (_f16(blocks, 108)[..., None] * sc.astype(np.float32)).reshape(rows, supers * 16)
     low = ((qs >> shifts.reshape(1, 1, 1, 4, 1)) & 3).reshape(rows, supers, 8, 32)
     high = (hmask >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1
     # A set hmask bit means +0, a clear one -4 (ggml's q3_K): as unsigned, q = low + 4 * high, centred on 4.
@@ -307,35 +233,23 @@ def _container(source_bits: int) -> int:
     return 4 if source_bits <= 4 else 8
 
 
-def _symmetric(q: np.ndarray, scale: np.ndarray | Factor, *, center: int, source_bits: int) -> BlockWeight:
+def _symmetric(q: np.ndarray, scale: np.ndarray, *, center: int, source_bits: int) -> BlockWeight:
     """`w = scale * (q - center)`: shift q so that `center` falls on the default zero point `2**(bits-1)`."""
     bits = _container(source_bits)
     rows, _, block_size = q.shape
     values = (q.astype(np.int16) + ((1 << (bits - 1)) - center)).astype(np.uint8)
-    factors = ScaleFactors(scale, None) if isinstance(scale, Factor) else None
-    scales = scale.value() if isinstance(scale, Factor) else scale.astype(np.float32)
-    return BlockWeight(bits, block_size, values.reshape(rows, -1), scales, None, None, factors)
+    return BlockWeight(bits, block_size, values.reshape(rows, -1), scale.astype(np.float32), None, None)
 
 
-def _with_minimum(
-    q: np.ndarray, scale: np.ndarray | Factor, minimum: np.ndarray | Factor, *, source_bits: int
-) -> BlockWeight:
-    """`w = scale * q + minimum` as `(q - z) * scale + (minimum + z * scale)`, `z` the nearest uint8 zero point.
-
-    A factored minimum is the value subtracted (`minimum = -factor`), as K-quants store it."""
+def _with_minimum(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray, *, source_bits: int) -> BlockWeight:
+    """`w = scale * q + minimum` as `(q - z) * scale + (minimum + z * scale)`, `z` the nearest uint8 zero point."""
     bits = _container(source_bits)
     rows, _, block_size = q.shape
-    factors = None
-    if isinstance(scale, Factor) and isinstance(minimum, Factor):
-        factors = ScaleFactors(scale, minimum)
-        scale, minimum = scale.value(), -minimum.value()
-    assert isinstance(scale, np.ndarray) and isinstance(minimum, np.ndarray)
     with np.errstate(divide="ignore", invalid="ignore"):
         ideal = np.where(scale != 0, -minimum / scale, 0.0)
     zero = np.clip(np.rint(ideal), 0, (1 << bits) - 1).astype(np.uint8)
-    residual = block_residual(minimum, zero, scale)
-    values = q.reshape(rows, -1).astype(np.uint8)
-    return BlockWeight(bits, block_size, values, scale.astype(np.float32), zero, residual, factors)
+    residual = (minimum + zero.astype(np.float32) * scale).astype(np.float32)
+    return BlockWeight(bits, block_size, q.reshape(rows, -1).astype(np.uint8), scale.astype(np.float32), zero, residual)
 
 
 _DECODERS = {

@@ -3,23 +3,15 @@ embeddings, and the residual term of types with a block minimum (blocks.py says 
 
 A weight of several layouts (a fused q/k/v projection whose v rows come from another GGUF type) becomes one
 operator per run of rows, their outputs concatenated.
-
-The operators' float32 scales (and residuals) are stored as the GGUF stores them, float16s and small integers
-(blocks.py's ScaleFactors), and computed by nodes that read initializers only: ONNX Runtime folds those when it
-loads the graph, so the operators see constant float32 tables and prepack as before, while the bundle is about
-the GGUF's size (the 8B shape's Q4_K_M: 1.40x as float32 tables).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 from onnx import NodeProto, TensorProto, helper
 
 from packager.export.gguf.blocks import BlockWeight
@@ -107,7 +99,6 @@ class GraphBuilder:
     nodes: list[NodeProto] = field(default_factory=list)
     _block_sums: dict[tuple[str, int], str] = field(default_factory=dict)
     _packed: dict[str, str] = field(default_factory=dict)  # weight key -> MatMulNBits B initializer
-    _computed: set[str] = field(default_factory=set)  # float32 tables computed from factors (folded at load)
 
     def node(self, op: str, inputs: list[str], output: str, name: str, **attributes: Any) -> str:  # as make_node
         domain = MS_DOMAIN if op in ("MatMulNBits", "GatherBlockQuantized") else ""
@@ -150,9 +141,9 @@ class GraphBuilder:
                 stored = self.node("Cast", [stored], f"{key}.T/float", f"{name}/Cast", to=TensorProto.FLOAT)
             return self.node("MatMul", [x, stored], output, name)
         bits, block_size, has_zero, has_residual = _block_layout(ref)
-        inputs = [x, self._packed_blocks(ref), self._scales(ref)]
+        inputs = [x, self._packed_blocks(ref), self.constant(f"{key}.scales", lambda: _blocks(ref).scales)]
         if has_zero:
-            inputs.append(self._zero_points(ref))
+            inputs.append(self.constant(f"{key}.zero_points", lambda: pack_zero_points(_blocks(ref))))
         main = output if not has_residual else f"{output}/blocks"
         self.node(
             "MatMulNBits", inputs, main, f"{name}/MatMulNBits",
@@ -160,112 +151,13 @@ class GraphBuilder:
         )  # fmt: skip
         if not has_residual:
             return output
-        residual_t = f"{key}.residual_t"
-        if residual_t not in self.weights and residual_t not in self._computed:
-            if _blocks(ref).factors is None:
-                self.constant(residual_t, lambda: np.ascontiguousarray(_blocks(ref).residual.T))  # type: ignore[union-attr]
-            else:
-                self._computed.add(self.node("Transpose", [self._residual(ref)], residual_t, f"/gguf/{residual_t}"))
-        residual = residual_t
+        residual = self.constant(
+            f"{key}.residual_t",
+            lambda: np.ascontiguousarray(_blocks(ref).residual.T),  # type: ignore[union-attr]
+        )
         sums = self._block_sum(x, k, block_size, name)
         correction = self.node("MatMul", [sums, residual], f"{output}/residual", f"{name}/residual/MatMul")
         return self.node("Add", [main, correction], output, f"{name}/residual/Add")
-
-    def _zero_points(self, ref: WeightRef) -> str:
-        return self.constant(f"{ref.key}.zero_points", lambda: pack_zero_points(_blocks(ref)))
-
-    def _scales(self, ref: WeightRef) -> str:
-        """`KEY.scales`, the operators' float32 scale per block: computed from the file's own factors (blocks.py's
-        ScaleFactors) by nodes of initializers only, which ONNX Runtime folds when it loads the graph, or stored."""
-        name = f"{ref.key}.scales"
-        if name in self.weights or name in self._computed:
-            return name
-        factors = _blocks(ref).factors
-        if factors is None:
-            return self.constant(name, lambda: _blocks(ref).scales)
-        return self._compose(name, factors.scale.sub, factors.scale.super)
-
-    def _residual(self, ref: WeightRef) -> str:
-        """`KEY.residual` `[rows, blocks]` of a type with a block minimum, from its factors and zero points:
-        `-minimum + zero * scales` (blocks.py's residual form, the same float32 operations)."""
-        name = f"{ref.key}.residual"
-        if name in self._computed:
-            return name
-        weight = _blocks(ref)
-        factors = weight.factors
-        assert factors is not None and factors.minimum is not None and weight.zero_points is not None
-        subtracted = self._compose(f"{ref.key}.minimum", factors.minimum.sub, factors.minimum.super)
-        minimum = self.node("Neg", [subtracted], f"{ref.key}.minimum/negated", f"/gguf/{ref.key}.minimum/Neg")
-        zero = self._unpacked_zero_points(ref, weight.bits, weight.scales.shape[1])
-        zero_float = self.node("Cast", [zero], f"{zero}/float", f"/gguf/{zero}/Cast", to=TensorProto.FLOAT)
-        shifts = self.node("Mul", [zero_float, self._scales(ref)], f"{name}/shifts", f"/gguf/{name}/Mul")
-        self._computed.add(self.node("Add", [minimum, shifts], name, f"/gguf/{name}/Add"))
-        return name
-
-    def _unpacked_zero_points(self, ref: WeightRef, bits: int, blocks: int) -> str:
-        """The zero points one per block (`[rows, blocks]` uint8): 4-bit ones unpacked, low nibble first (an odd
-        count's padding nibble cut off)."""
-        packed = self._zero_points(ref)
-        if bits == 8:
-            return packed
-        name = f"{ref.key}.zero_points/unpacked"
-        low = self.node(
-            "BitwiseAnd", [packed, self.constant("gguf.uint8.15", np.array(15, np.uint8))], f"{name}/low",
-            f"/gguf/{name}/BitwiseAnd",
-        )  # fmt: skip
-        high = self.node(
-            "BitShift", [packed, self.constant("gguf.uint8.4", np.array(4, np.uint8))], f"{name}/high",
-            f"/gguf/{name}/BitShift", direction="RIGHT",
-        )  # fmt: skip
-        axis = self._last_axis()
-        pairs = [
-            self.node("Unsqueeze", [half, axis], f"{half}/pair", f"/gguf/{half}/Unsqueeze") for half in (low, high)
-        ]
-        joined = self.node("Concat", pairs, f"{name}/pairs", f"/gguf/{name}/Concat", axis=-1)
-        if blocks % 2 == 0:
-            return self.node("Reshape", [joined, self._rows_shape()], name, f"/gguf/{name}/Reshape")
-        padded = self.node("Reshape", [joined, self._rows_shape()], f"{name}/padded", f"/gguf/{name}/Reshape")
-        start, end = (
-            self.constant("gguf.zero", np.array([0], np.int64)),
-            self.constant(f"gguf.end{blocks}", np.array([blocks], np.int64)),
-        )
-        return self.node("Slice", [padded, start, end, self._last_axis()], name, f"/gguf/{name}/Slice")
-
-    def _compose(self, name: str, sub: np.ndarray | None, super_: np.ndarray) -> str:
-        """`name` = `sub[n, b] * super[n, b // per_super]` in float32, from initializers `NAME.sub` (the integers)
-        and `NAME.super` (float16), or without `sub` `NAME.super` widened: derived.py's compose_factor, as nodes."""
-        sub_name, super_name = factor_names(name)
-        if sub is None:
-            self._computed.add(
-                self.node("Cast", [self.constant(super_name, super_)], name, f"/gguf/{name}/Cast", to=TensorProto.FLOAT)
-            )
-            return name
-        per_super = sub.shape[1] // super_.shape[1]
-        integers = self.node(
-            "Cast",
-            [self.constant(sub_name, sub)],
-            f"{name}.sub/float",
-            f"/gguf/{name}.sub/Cast",
-            to=TensorProto.FLOAT,
-        )
-        groups = self.constant(f"gguf.shape.groups{per_super}", np.array([0, -1, per_super], np.int64))
-        grouped = self.node("Reshape", [integers, groups], f"{name}.sub/grouped", f"/gguf/{name}.sub/Reshape")
-        factor = self.node(
-            "Cast",
-            [self.constant(super_name, super_)],
-            f"{name}.super/float",
-            f"/gguf/{name}.super/Cast",
-            to=TensorProto.FLOAT,
-        )
-        column = self.node(
-            "Unsqueeze", [factor, self._last_axis()], f"{name}.super/column", f"/gguf/{name}.super/Unsqueeze"
-        )
-        product = self.node("Mul", [column, grouped], f"{name}/grouped", f"/gguf/{name}/Mul")
-        self._computed.add(self.node("Reshape", [product, self._rows_shape()], name, f"/gguf/{name}/Reshape"))
-        return name
-
-    def _rows_shape(self) -> str:
-        return self.constant("gguf.shape.rows", np.array([0, -1], np.int64))
 
     def _packed_blocks(self, ref: WeightRef) -> str:
         if ref.key not in self._packed:
@@ -322,9 +214,9 @@ class GraphBuilder:
         data = f"{packed}.rows"
         if data not in self.weights:
             self.weights.alias(data, packed, (rows, k * bits // 8))
-        inputs = [data, indices, self._scales(ref)]
+        inputs = [data, indices, self.constant(f"{key}.scales", lambda: _blocks(ref).scales)]
         if has_zero:
-            inputs.append(self._zero_points(ref))
+            inputs.append(self.constant(f"{key}.zero_points", lambda: pack_zero_points(_blocks(ref))))
         main = output if not has_residual else f"{output}/blocks"
         self.node(
             "GatherBlockQuantized", inputs, main, f"{name}/GatherBlockQuantized",
@@ -334,12 +226,7 @@ class GraphBuilder:
             return
         # Each gathered row plus its blocks' residuals: [..., blocks, block] + [..., blocks, 1].
         blocks = k // block_size
-        table = f"{key}.residual"
-        if table not in self.weights and table not in self._computed:
-            if _blocks(ref).factors is None:
-                self.constant(table, lambda: _blocks(ref).residual)  # type: ignore[arg-type,return-value]
-            else:
-                self._residual(ref)
+        table = self.constant(f"{key}.residual", lambda: _blocks(ref).residual)  # type: ignore[arg-type,return-value]
         picked = self.node("Gather", [table, indices], f"{output}/residual", f"{name}/residual/Gather")
         split, axis = self._blocks_shape(blocks, block_size), self._last_axis()
         column = self.node("Unsqueeze", [picked, axis], f"{output}/residual_column", f"{name}/residual/Unsqueeze")
@@ -347,38 +234,6 @@ class GraphBuilder:
         summed = self.node("Add", [grouped, column], f"{output}/corrected", f"{name}/residual/Add")
         flat = self.constant(f"gguf.shape.flat{k}", np.array([0, 0, k]))
         self.node("Reshape", [summed, flat], output, f"{name}/residual/Flatten")
-
-
-def factor_names(table: str) -> tuple[str, str]:
-    """The initializers a factored table (`KEY.scales`, `KEY.minimum`) is computed from: its integers and float16s."""
-    return f"{table}.sub", f"{table}.super"
-
-
-def folded_weight_bytes(graph: Path) -> int:
-    """What folding the graph's factored tables adds to its weights at load: float32 per sub-block, less the
-    integers and float16s stored."""
-    model = onnx.load(str(graph), load_external_data=False)
-    stored = {t.name: t for t in model.graph.initializer}
-    added = 0
-    for name, super_ in stored.items():
-        if not name.endswith(".super"):
-            continue
-        sub = stored.get(name.removesuffix(".super") + ".sub")
-        added -= math.prod(super_.dims) * _itemsize(super_)
-        if sub is None:
-            added += 4 * math.prod(super_.dims)
-        else:
-            added += (4 - _itemsize(sub)) * math.prod(sub.dims)
-    return added
-
-
-def _itemsize(tensor: onnx.TensorProto) -> int:
-    return int(helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize)
-
-
-def minimum_of(residual_t: str) -> str:
-    """The factored minimum a computed `KEY.residual_t` comes from: `KEY.minimum`."""
-    return residual_t.removesuffix(".residual_t") + ".minimum"
 
 
 def _block_layout(ref: WeightRef) -> tuple[int, int, bool, bool]:
