@@ -127,18 +127,17 @@ def _dequantize(data: np.ndarray, qtype: Any) -> np.ndarray:
     Whole, the gguf package's K-quant decoders hold several float32 temporaries of the tensor's size: dequantizing
     the 8B shape's 805 MB embedding peaked near three times that, the build's largest step (the PyTorch reference).
     """
-    from gguf.quants import dequantize
+    from gguf.quants import dequantize, quant_shape_from_byte_shape
 
     if data.ndim < 2 or data.dtype != np.uint8:  # F32/F16 views, and 1-D norms: nothing to chunk
         return dequantize(data, qtype)
+    shape = quant_shape_from_byte_shape(data.shape, qtype)
     rows = data.reshape(-1, data.shape[-1])
-    first = dequantize(rows[:1], qtype)
-    width = first.shape[-1]
-    out = np.empty((rows.shape[0], width), np.float32)
-    step = max(1, _DEQUANTIZE_CHUNK // (4 * width))
+    out = np.empty((rows.shape[0], shape[-1]), np.float32)
+    step = max(1, _DEQUANTIZE_CHUNK // (4 * shape[-1]))
     for start in range(0, rows.shape[0], step):
         out[start : start + step] = dequantize(rows[start : start + step], qtype)
-    return out.reshape(*data.shape[:-1], width)
+    return out.reshape(shape)
 
 
 @dataclass(frozen=True)
