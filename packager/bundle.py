@@ -34,6 +34,8 @@ from runtime.bundle import (
     manifest_bytes,
     open_bundle,
 )
+from runtime.engine.recipes import write_data
+from runtime.engine.tables import TABLES_FILE, TABLES_RECIPE
 
 MODEL_FILES = ("model.onnx", "model.onnx.data")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -157,7 +159,7 @@ def write_bundle(inputs: BundleInputs, target: Path) -> Manifest:
 def _assemble(inputs: BundleInputs, out: Path) -> Manifest:
     files: dict[str, FileEntry] = {}
     # CARRY_REPORT: a `gguf` export's record of the GGUF rows each weight holds, so anyone can check it.
-    for name in (*MODEL_FILES, *TOKENIZER_FILES, GENAI_CONFIG, CARRY_REPORT):
+    for name in (*MODEL_FILES, TABLES_RECIPE, *TOKENIZER_FILES, GENAI_CONFIG, CARRY_REPORT):
         source = inputs.export_dir / name
         if not source.is_file():
             if name in MODEL_FILES or name == "tokenizer.json":
@@ -174,10 +176,15 @@ def _assemble(inputs: BundleInputs, out: Path) -> Manifest:
         known = inputs.export_digests.get(name)
         # Digests recorded when the export was cached; re-hash only files without one.
         files[name] = FileEntry(**known) if known else file_digest(out / name)  # type: ignore[arg-type]
+    if TABLES_RECIPE in files:
+        check_tables(out)
     if inputs.spec.export.prefill_graph and inputs.spec.runtime.providers[:1] == ["cpu"]:
         # The runtime prefills through these graphs on the CPU (last-position logits; export/prefill.py).
         for name in write_prefill_graphs(out, "model.onnx"):
             files[name] = file_digest(out / name)
+    if TABLES_RECIPE in files:
+        record_table_users(out)
+        files[TABLES_RECIPE] = file_digest(out / TABLES_RECIPE)
     adapters = inputs.adapters
     if adapters is not None:
         bundled = bundled_files(adapters.declared)
@@ -198,6 +205,7 @@ def _assemble(inputs: BundleInputs, out: Path) -> Manifest:
         created_by={name: metadata.version(name) for name in ("onnxfn", "onnxruntime", "onnxruntime-genai")},
         build_key=inputs.build_key,
         adapters=manifest_entry(adapters.layout, adapters.declared) if adapters is not None else None,
+        table_bytes=_table_bytes(out),
     )
     manifest = add_snapshot(out, manifest, inputs.spec)
     manifest_path = out / MANIFEST_NAME
@@ -207,6 +215,40 @@ def _assemble(inputs: BundleInputs, out: Path) -> Manifest:
             with path.open("rb") as f:
                 os.fsync(f.fileno())
     return manifest
+
+
+def _table_bytes(bundle_dir: Path) -> int:
+    recipe = bundle_dir / TABLES_RECIPE
+    return int(json.loads(recipe.read_text())["size"]) if recipe.is_file() else 0
+
+
+def check_tables(bundle_dir: Path) -> None:
+    """Expand the scale tables from the bundle's own files, as the runtime will (runtime/engine/tables.py), and refuse
+    a bundle whose tables differ by a bit from those the export wrote and verified (the recipe's sha256)."""
+    recipe = json.loads((bundle_dir / TABLES_RECIPE).read_text())
+    try:
+        digest = write_data(recipe, lambda name: bundle_dir / name, None, TABLES_RECIPE)
+    except (BundleError, OSError, ValueError, KeyError) as exc:
+        raise UserError(f"the bundle's scale tables cannot be expanded ({exc}); delete the export and rebuild") from exc
+    if digest != recipe.get("sha256"):
+        raise UserError("the bundle's scale tables expand to other values than the export verified; rebuild it")
+
+
+def record_table_users(bundle_dir: Path) -> None:
+    """Write into the tables recipe which of the bundle's graphs names which tables (the runtime hands those to each
+    graph's session, and reads no graph itself)."""
+    import onnx
+
+    recipe_path = bundle_dir / TABLES_RECIPE
+    recipe = json.loads(recipe_path.read_text())
+    users: dict[str, list[str]] = {}
+    for graph in sorted(bundle_dir.glob("*.onnx")):
+        model = onnx.load(str(graph), load_external_data=False)
+        names = [t.name for t in model.graph.initializer if any(e.value == TABLES_FILE for e in t.external_data)]
+        if names:
+            users[graph.name] = names
+    recipe["graphs"] = users
+    recipe_path.write_text(json.dumps(recipe) + "\n")
 
 
 def _link_or_copy(source: Path, target: Path) -> None:

@@ -81,17 +81,27 @@ def lambda_refusals(size: BundleSize, memory_mb: int, package: str, tmp_mb: int,
             f" + the runtime's layers {gib(IMAGE_BASE_BYTES)}), over Lambda's {gib(LAMBDA_MAX_IMAGE)} limit for a "
             "container image"
         )
-    if package == "zip" and size.file_bytes > tmp_mb * MB:
+    tables = size.manifest.table_bytes  # expanded into /tmp where the function runs (runtime/engine/tables.py)
+    staged = size.file_bytes + tables if package == "zip" else tables
+    if staged > tmp_mb * MB:
+        what = (
+            f"the bundle is {mb(size.file_bytes)} and its scale tables {mb(tables)}"
+            if package == "zip"
+            else f"the bundle's scale tables are {mb(tables)}"
+        )
+        where = "fetches the bundle there and expands" if package == "zip" else "expands"
+        image_tmp = f" and ephemeral_storage_mb = {math.ceil(tables / MB) + 64} or more" if tables > tmp_mb * MB else ""
         fix = (
             f"SnapStart keeps /tmp at {mb(SNAPSTART_TMP)} at most, so a bundle this size cannot use it: set "
-            'snapstart = false with package = "image" (provisioned_concurrency keeps instances warm instead)'
+            f'snapstart = false with package = "image"{image_tmp} (provisioned_concurrency keeps instances warm '
+            "instead)"
             if snapstart
-            else f"raise ephemeral_storage_mb to {math.ceil(size.file_bytes / MB) + 64} or more, or use "
-            'package = "image"'
+            else f"raise ephemeral_storage_mb to {math.ceil(staged / MB) + 64} or more"
+            + (', or use package = "image"' if package == "zip" and not image_tmp else "")
         )
         problems.append(
-            f"the bundle is {mb(size.file_bytes)} and /tmp (ephemeral_storage_mb = {tmp_mb}) holds {tmp_mb} MB; "
-            f"the zip package's init phase fetches the bundle there: {fix}"
+            f"{what}, and /tmp (ephemeral_storage_mb = {tmp_mb}) holds {tmp_mb} MB; the init phase {where} "
+            f"the tables there: {fix}"
         )
     return problems
 
@@ -118,9 +128,10 @@ def device_refusal(manifest: Manifest, memory: dict[str, object]) -> str | None:
     )
 
 
-# A Q4_K_M GGUF's bundle weights per byte of the file: precision `gguf` keeps its blocks but holds a float32 scale
-# per block (and a float32 residual per block of a type with a minimum). Measured: 1.43 at Llama-3.2-1B's shape,
-# 1.40 at Llama-3.1-8B's.
+# The weights ONNX Runtime packs per byte of a Q4_K_M GGUF: precision `gguf` keeps its blocks, and its operators take
+# a float32 scale per block (and a float32 residual per block of a type with a minimum), which the bundle ships as
+# the file's own factors and the runtime expands where it runs (runtime/engine/tables.py). Measured as bundles
+# holding the float32 tables: 1.43 at Llama-3.2-1B's shape, 1.40 at Llama-3.1-8B's.
 BUNDLE_PER_FILE = 1.43
 
 
@@ -144,9 +155,12 @@ class PublishedFit:
 GB_FILE = 1_000_000_000  # published file sizes are in decimal GB
 
 SIZE_NOTES = (
-    "A bundle of a Q4_K_M GGUF is about 1.4x the file (precision `gguf` keeps its blocks, with a float32 scale per "
-    f"block: {BUNDLE_PER_FILE}x measured; `int4` from a Hugging Face folder is about the same). Serving holds the "
-    f"weights packed by ONNX Runtime from the bundle ({PACKED_WEIGHT_RATIO}x its weight files, measured), the KV "
+    "A bundle of a Q4_K_M GGUF is about 1.1x the file (precision `gguf` keeps its blocks and the file's own scale "
+    "factors: 1.11x measured at Llama-3.1-8B's shape; `int4` from a Hugging Face folder is about 1.4x). Where it runs, "
+    "the runtime expands those factors once into float32 scale tables, about 0.4x the file (on Lambda: in /tmp, "
+    "counted against ephemeral_storage_mb). Serving holds the weights packed by ONNX Runtime from the bundle and its "
+    f"tables ({PACKED_WEIGHT_RATIO}x their bytes, measured: {BUNDLE_PER_FILE * PACKED_WEIGHT_RATIO:.2f}x the file), "
+    "the KV "
     "pool (`[runtime] kv_memory_mb`, default 512 MB), the prefix cache (`prefix_cache_mb`, default 128 MB) and "
     f"{RUNTIME_BYTES / GB:.2f} GiB of runtime: the estimate "
     "(runtime/memory_need.py) that aws-lambda and `pkg push` check before they deploy, refusing with the sizes named "
@@ -172,12 +186,14 @@ TARGET_FITS: tuple[PublishedFit, ...] = (
     PublishedFit(
         "Llama 3.2 3B / Qwen 2.5 3B",
         (2_000_000_000, 2_000_000_000),
-        "Lambda image, Jetson Orin Nano 8 GB (shared with the GPU), CPU box with 6 GB+",
+        "Lambda image (ephemeral_storage_mb >= 1024 for its tables), Jetson Orin Nano 8 GB (shared with the GPU), "
+        "CPU box with 6 GB+",
     ),
     PublishedFit(
         "Llama 3.1 8B / Qwen 2.5 7B / Mistral 7B",
         (4_700_000_000, 4_900_000_000),
-        "Lambda image (slow: CPU only), Jetson AGX Orin / Orin NX 16 GB, CPU box with 12 GB+, a GPU with 16 GB+ "
+        "Lambda image (slow: CPU only; ephemeral_storage_mb >= 2560 for its tables), Jetson AGX Orin / Orin NX 16 GB, "
+        "CPU box with 12 GB+, a GPU with 16 GB+ "
         "(SageMaker ml.g5)",
     ),
 )

@@ -38,8 +38,8 @@ KEY_DOCS: dict[str, str] = {
     "another architecture.",
     "export": "How `pkg build` turns the model into the bundle's ONNX graph.",
     "export.precision": "Weight precision. `gguf` keeps a GGUF source's own quantized blocks, exactly (every "
-    "llama.cpp type Q2_K-Q8_0, F16, BF16; the bundle is 1.0-1.4x the file: a float32 scale per block beside its "
-    "blocks). For generative models `auto` "
+    "llama.cpp type Q2_K-Q8_0, F16, BF16; the bundle is 1.0-1.2x the file: its blocks and its own scale factors, "
+    "which the runtime expands into float32 tables where it runs). For generative models `auto` "
     "tries gguf (GGUF sources), then int4, int8, fp32 re-quantized; for encoders int8 (dynamic), int8-mixed "
     "(sensitive layers kept fp32), fp32; it keeps the first whose measured quality stays inside `[export.quality]` "
     "(and measures int8 beside a chosen gguf). `int8-nbits` (MatMulNBits 8-bit, encoders) is smaller than fp32 "

@@ -116,6 +116,9 @@ class Manifest:
     # A decoder graph that takes LoRA adapters: {"layout": AdapterLayout JSON, "bundled": {name: file}}
     # (runtime/adapters/); None: the graph takes none.
     adapters: dict[str, Any] | None = None
+    # The scale tables its graphs name, expanded where it runs (runtime/engine/tables.py): bytes of disk and of
+    # weights to pack that the files do not show.
+    table_bytes: int = 0
 
     @property
     def decoder(self) -> ModelFacts:
@@ -147,6 +150,8 @@ class Manifest:
             optional["encoder"] = _encoder_to_json(self.encoder)
         if self.adapters is not None:
             optional["adapters"] = self.adapters
+        if self.table_bytes:
+            optional["table_bytes"] = self.table_bytes
         return {
             "format_version": self.format_version,
             "function": self.function,
@@ -189,6 +194,7 @@ class Manifest:
                 task=task,
                 encoder=encoder,
                 adapters=data.get("adapters"),
+                table_bytes=int(data.get("table_bytes", 0)),
             )
         except (KeyError, TypeError) as exc:
             raise BundleError(f"manifest.json is malformed: {exc!r}; rebuild the bundle") from exc

@@ -247,7 +247,7 @@ def start_engine(
     with TIMELINE.phase(SESSION_IMPORTS):
         from runtime.engine.graphs import decode_graph_path
         from runtime.engine.session_build import SessionBuild, SessionOptions
-    build = SessionBuild(decode_graph_path(bundle, config), SessionOptions.for_engine(config))
+    build = SessionBuild(decode_graph_path(bundle, config), SessionOptions.for_engine(config), bundle=bundle)
     with TIMELINE.phase("imports_engine"):
         from runtime.engine.engine import Engine
         from runtime.snapshot import restore_snapshot, system_prompt_prefixes

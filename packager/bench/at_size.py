@@ -78,11 +78,8 @@ def system_config(prepared: models.Prepared, system: str, threads: int) -> Syste
 
 def artifacts(bundle: Path, gguf: Path) -> dict[str, footprint.Artifact]:
     """What each system reads: onnxfn's bundle (its graph's weights, its KV dtype), llama.cpp the GGUF (f16 KV)."""
-    manifest = read_manifest(bundle)
-    facts = decoder_facts(manifest)
-    weights = sum(e.size for name, e in manifest.files.items() if name.startswith(manifest.model_file))
-    label = f"bundle ({facts.precision})"
-    mine = footprint.Artifact(label, weights, footprint.dir_bytes(bundle), facts.kv_bytes_per_token())
+    mine = footprint.bundle_artifact(bundle)
+    facts = decoder_facts(read_manifest(bundle))
     kv_f16 = 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim * 2
     size = gguf.stat().st_size
     peer = footprint.Artifact(f"GGUF {gguf.name}", size, size, kv_f16)
@@ -229,7 +226,7 @@ def main(args: argparse.Namespace, repo: Path) -> int:
         print("bench: wake from a process snapshot (CRIU: dump once, restore to first token)", flush=True)
         snapshot = coldstart.measure_process_snapshot(configs["onnxfn-http"], text, plan.repetitions)
         warm["systems"][PROCESS_SNAPSHOT] = snapshot
-        floor = footprint.cold_floor(found["onnxfn"].total_bytes, max(bandwidth.values()),
+        floor = footprint.cold_floor(found["onnxfn"], max(bandwidth.values()),
                                      results["machine"]["interpreter_start_s"])  # fmt: skip
         reason = "not measured at size: every start would re-read the whole model from disk on a machine others share"
         results["cold"] = {"warm_cache": warm, "dropped_cache": {"skipped": reason}, "floor_s": floor}

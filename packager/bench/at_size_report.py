@@ -172,8 +172,10 @@ def target_rows(results: dict[str, Any]) -> list[list]:
     if artifacts:
         size = artifacts["onnxfn"]["total_bytes"] / artifacts["llamacpp"]["total_bytes"]
         note = f"{artifacts['onnxfn']['total_bytes'] / 1e6:,.0f} MB"
+        if expanded := artifacts["onnxfn"].get("expanded_bytes"):
+            note += f"; where it runs, {expanded / 1e6:,.0f} MB of scale tables expanded from its factors"
         if runs := results.get("profile", {}).get("this model", {}).get("runs"):
-            note += f", of which {runs[-1]['residual_bytes'] / 1e6:,.0f} MB residual terms"
+            note += f" (residual terms: {runs[-1]['residual_bytes'] / 1e6:,.0f} MB as float32)"
         rows.append(_ceiling_row("bundle / GGUF", 1.25, size, note))
     return rows + build_rows(results)
 

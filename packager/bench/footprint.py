@@ -24,9 +24,10 @@ class Artifact:
     """The files one system loads, and the dtype of its KV cache."""
 
     label: str
-    weights_bytes: int
-    total_bytes: int
+    weights_bytes: int  # what its graph's initializers hold (a GGUF bundle's: with the scale tables it expands)
+    total_bytes: int  # its files
     kv_bytes_per_token: int
+    expanded_bytes: int = 0  # files it writes where it runs from its own (a GGUF bundle's scale tables)
 
     def bytes_per_token(self, context: float) -> float:
         return self.weights_bytes + self.kv_bytes_per_token * context
@@ -42,8 +43,7 @@ def artifacts(bundle_dir: Path, gguf: Path, hf_dir: Path, exports: dict[str, Exp
     manifest = open_bundle(bundle_dir, verify=False).manifest
     facts = decoder_facts(manifest)
     kv_elements = 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim
-    weights = sum(e.size for name, e in manifest.files.items() if name.startswith(manifest.model_file))
-    bundle = Artifact(f"bundle ({facts.precision})", weights, dir_bytes(bundle_dir), facts.kv_bytes_per_token())
+    bundle = bundle_artifact(bundle_dir)
     gguf_artifact = Artifact(f"GGUF {gguf.name}", gguf.stat().st_size, gguf.stat().st_size, kv_elements * 2)
     hf_weights = sum(p.stat().st_size for p in hf_dir.glob("*.safetensors"))
     hf_artifact = Artifact("HF folder fp32", hf_weights, dir_bytes(hf_dir), kv_elements * 4)
@@ -64,6 +64,16 @@ def artifacts(bundle_dir: Path, gguf: Path, hf_dir: Path, exports: dict[str, Exp
         "llamacpp-server": gguf_artifact,
         "transformers": hf_artifact,
     }
+
+
+def bundle_artifact(bundle_dir: Path) -> Artifact:
+    """A bundle as the engine loads it: its graph's weights (the scale tables a GGUF bundle expands included: they
+    are what its kernels read), its files, its KV cache's element type."""
+    manifest = open_bundle(bundle_dir, verify=False).manifest
+    facts = decoder_facts(manifest)
+    weights = graph_weight_bytes(bundle_dir / manifest.model_file)
+    label = f"bundle ({facts.precision})"
+    return Artifact(label, weights, dir_bytes(bundle_dir), facts.kv_bytes_per_token(), manifest.table_bytes)
 
 
 def export_artifact(export: ExportResult) -> Artifact:
@@ -118,5 +128,6 @@ def bandwidth_limits(
     return limits
 
 
-def cold_floor(bundle_bytes: int, bandwidth: float, interpreter_s: float) -> float:
-    return bundle_bytes / bandwidth + interpreter_s
+def cold_floor(artifact: Artifact, bandwidth: float, interpreter_s: float) -> float:
+    """The least a start can take: reading the files and what it expands from them once, and the interpreter."""
+    return (artifact.total_bytes + artifact.expanded_bytes) / bandwidth + interpreter_s

@@ -92,6 +92,7 @@ def profile_decode(bundle_path: Path, threads: int, prompt: int, steps: int) -> 
     from runtime.bundle import open_bundle
     from runtime.engine.config import EngineConfig
     from runtime.engine.graphs import decode_graph_path
+    from runtime.engine.tables import inference_session
 
     bundle = open_bundle(bundle_path, verify=False)
     facts = bundle.manifest.decoder
@@ -105,7 +106,7 @@ def profile_decode(bundle_path: Path, threads: int, prompt: int, steps: int) -> 
         options.add_session_config_entry("session.force_spinning_stop", "1")
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(scratch) / "decode")
-        session = ort.InferenceSession(str(graph), sess_options=options, providers=["CPUExecutionProvider"])
+        session = inference_session(graph, options, ["CPUExecutionProvider"], bundle)
         context = prompt + steps
         io = facts.io
         binding = session.io_binding()

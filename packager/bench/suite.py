@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         results["cold"] = {
             "warm_cache": warm,
             "dropped_cache": coldstart.measure_cold(configs, text, reps, drop_cache=True),
-            "floor_s": footprint.cold_floor(found["onnxfn"].total_bytes, max(bandwidth.values()), interpreter_s),
+            "floor_s": footprint.cold_floor(found["onnxfn"], max(bandwidth.values()), interpreter_s),
         }
     if "memory" in args.sections:
         progress(started, "memory")

@@ -30,7 +30,7 @@ from packager.sources import SourceModel
 from runtime.bundle import file_digest
 
 STRUCTURE_VERSION = 4  # bump when the structure step changes meaning, to invalidate cached structures
-EXPORT_VERSION = 4  # bump when the options below or the graphs they make change meaning, to invalidate cached exports
+EXPORT_VERSION = 6  # bump when the options below or the graphs they make change meaning, to invalidate cached exports
 LOG_NAME = "builder.log"
 DIGESTS_NAME = "digests.json"
 CARRY_REPORT = "gguf-weights.json"

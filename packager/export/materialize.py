@@ -44,6 +44,11 @@ class Sink(Protocol):
 
     def alias(self, name: str, of: str, dims: tuple[int, ...]) -> str: ...
 
+    def add_table(self, name: str, array: np.ndarray, rule: dict[str, Any], factors: dict[str, np.ndarray]) -> str:
+        """A float32 table (scales, a residual) the runtime may expand from `factors` by `rule`, which names them
+        (runtime/engine/derived.py's `table_array`); `array` is what it expands to."""
+        ...
+
     def __contains__(self, name: str) -> bool: ...
 
 
@@ -67,6 +72,9 @@ class MemoryWeights:
         if of in self.types:
             self.types[name] = self.types[of]
         return name
+
+    def add_table(self, name: str, array: np.ndarray, rule: dict[str, Any], factors: dict[str, np.ndarray]) -> str:
+        return self.add(name, array)  # a session in memory takes the table itself
 
     def __contains__(self, name: str) -> bool:
         return name in self.arrays

@@ -11,6 +11,8 @@ whole, in memory or on disk.
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import time
 from collections.abc import Callable
@@ -30,6 +32,8 @@ from packager.export.materialize import MemoryWeights, Structure
 from packager.export.moe import QuantizedExperts, float_moe_nodes, qmoe_layout, unpack
 from packager.mapped import release
 from runtime.engine.heap import release_free_memory
+from runtime.engine.recipes import table_array
+from runtime.engine.tables import TABLES_FILE, TABLES_RECIPE
 
 _LAYER = re.compile(r"^/model/layers\.(\d+)/")
 DEFAULT_BUDGET = 256 << 20  # bytes of weights per segment, beyond its largest layer
@@ -135,16 +139,37 @@ class ExportSystem:
         for mapping in self._maps.values():
             release(mapping)
 
+    @cached_property
+    def _tables(self) -> dict[int, dict[str, object]]:
+        """The tables recipe's entries by offset (an export ships factors, not tables: runtime/engine/tables.py)."""
+        recipe = json.loads((self.directory / TABLES_RECIPE).read_text())
+        return {int(entry["offset"]): entry["table"] for entry in recipe["tensors"]}
+
     def _array(self, tensor: TensorProto) -> np.ndarray:
         if tensor.data_location != TensorProto.EXTERNAL:
             return onnx.numpy_helper.to_array(tensor)
         info = {e.key: e.value for e in tensor.external_data}
-        dtype = _numpy_dtype(tensor.data_type)
-        location = info["location"]
+        offset, length = int(info.get("offset", 0)), int(info["length"])
+        if info["location"] == TABLES_FILE:  # expanded from its factors, as the runtime does
+            return table_array(self._tables[offset], self._read_ref)
+        return (
+            self._bytes(info["location"], offset, length)
+            .view(_numpy_dtype(tensor.data_type))
+            .reshape(tuple(tensor.dims))
+        )
+
+    def _bytes(self, location: str, offset: int, length: int) -> np.ndarray:
         if location not in self._maps:
             self._maps[location] = np.memmap(self.directory / location, dtype=np.uint8, mode="r")
-        offset, length = int(info.get("offset", 0)), int(info["length"])
-        return self._maps[location][offset : offset + length].view(dtype).reshape(tuple(tensor.dims))
+        return self._maps[location][offset : offset + length]
+
+    def _read_ref(self, ref: dict[str, object]) -> np.ndarray:
+        """A tables recipe's reference to bytes of the export (derived.py's format)."""
+        dtype, shape = np.dtype(str(ref["dtype"])), tuple(int(d) for d in ref["shape"])  # type: ignore[attr-defined]
+        if "inline" in ref:
+            return np.frombuffer(base64.b64decode(str(ref["inline"])), dtype).reshape(shape)
+        length = int(np.prod(shape)) * dtype.itemsize
+        return self._bytes(str(ref["file"]), int(ref["offset"]), length).view(dtype).reshape(shape)  # type: ignore[call-overload]
 
 
 class StructureSystem:

@@ -75,7 +75,9 @@ class Engine:
             raise ValueError("speculative decoding verifies drafts through the int8 graph: use decode = latency")
         # The bundle file that computes prompts' KV once start-up is over (what a snapshot of prefix KV must match).
         self.prompt_graph_file = prefill_graph_file(bundle, config) or bundle.manifest.model_file
-        build = session_build or SessionBuild(decode_graph_path(bundle, config), SessionOptions.for_engine(config))
+        build = session_build or SessionBuild(
+            decode_graph_path(bundle, config), SessionOptions.for_engine(config), bundle=bundle
+        )
         prefill_build = None if self._one_graph else prefill_session_build(bundle, config, config.defer_prefill_graph)
         # The session builds (prepacking the weights) on its own thread, without the GIL, while this one
         # parses the tokenizer.

@@ -136,6 +136,8 @@ class PrepackedGraphs:
     def _write_into(partial: Path, bundle: Bundle, graphs: list[Path], threads: int) -> None:
         import onnxruntime as ort
 
+        from runtime.engine.tables import inference_session
+
         files: dict[str, dict[str, list[int]]] = {}
         for graph in graphs:
             target = partial / graph.name
@@ -149,7 +151,7 @@ class PrepackedGraphs:
                 "session.optimized_model_external_initializers_file_name", data_file(target).name
             )
             options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-            ort.InferenceSession(str(graph), sess_options=options, providers=["CPUExecutionProvider"])
+            inference_session(graph, options, ["CPUExecutionProvider"], bundle)
             files[graph.name] = _identities(target)
         meta = {"format": FORMAT, "bundle_digest": bundle.manifest.digest, **machine_key(), "files": files}
         (partial / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")

@@ -22,6 +22,7 @@ from runtime.engine.config import EngineConfig
 from runtime.engine.graphs import decoder_facts, prefill_graph_path, prefill_graph_usable
 from runtime.engine.huge_pages import Interval, memory_map, subtract
 from runtime.engine.providers import plan_providers
+from runtime.engine.tables import inference_session
 from runtime.threads import lower_priority
 
 if TYPE_CHECKING:
@@ -39,8 +40,10 @@ class SessionOptions:
         return cls(config.threads, config.providers, config.allow_spinning)
 
 
-def create_session(model_path: Path, options: SessionOptions) -> ort.InferenceSession:
-    """A session on the first available requested provider; TensorRT reuses its engine cache beside the bundle."""
+def create_session(model_path: Path, options: SessionOptions, bundle: Bundle | None = None) -> ort.InferenceSession:
+    """A session on the first available requested provider; TensorRT reuses its engine cache beside the bundle.
+
+    `bundle`: the bundle the graph is from (or a copy of), for the scale tables it names (tables.py)."""
     plan = plan_providers(options.providers, ort.get_available_providers(), model_path.parent)
     so = ort.SessionOptions()
     so.intra_op_num_threads = options.threads
@@ -59,7 +62,7 @@ def create_session(model_path: Path, options: SessionOptions) -> ort.InferenceSe
         plan.tensorrt_cache.directory.mkdir(parents=True, exist_ok=True)
         model_path = plan.tensorrt_cache.model_to_load(model_path)
     providers = list(zip(plan.names, plan.options, strict=True))
-    return ort.InferenceSession(str(model_path), sess_options=so, providers=providers)
+    return inference_session(model_path, so, providers, bundle)
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,7 @@ class SessionBuild:
         background: bool = False,
         warm_up: WarmUp | None = None,
         start: bool = True,
+        bundle: Bundle | None = None,
     ) -> None:
         """`model_path`: the graph, or a function returning it (called on the building thread).
 
@@ -124,13 +128,14 @@ class SessionBuild:
         `warm_up`: a one-token forward run before the session is handed over (ONNX Runtime's first run
         allocates and initialises), for a session that is not used at once: it costs this thread only.
         `start`: begin now; otherwise at `start()`, or at `result()` at the latest.
+        `bundle`: the bundle the graph is from, for the scale tables it names (tables.py).
         """
         self.started = time.monotonic()
         self.finished: float | None = None
         # The anonymous memory that appeared while the session was built (mostly its prepacked weights).
         self.allocated: list[Interval] = []
         self._done: Future[ort.InferenceSession] = Future()
-        self._args = (model_path, options, background, warm_up)
+        self._args = (model_path, options, background, warm_up, bundle)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         if start:
@@ -148,14 +153,19 @@ class SessionBuild:
             self._thread.start()
 
     def _build(
-        self, model_path: Path | Callable[[], Path], options: SessionOptions, background: bool, warm_up: WarmUp | None
+        self,
+        model_path: Path | Callable[[], Path],
+        options: SessionOptions,
+        background: bool,
+        warm_up: WarmUp | None,
+        bundle: Bundle | None,
     ) -> None:
         if background:
             lower_priority()  # the session's pool threads, created here, inherit it
         try:
             path = model_path if isinstance(model_path, Path) else model_path()
             before = memory_map()
-            session = create_session(path, options)
+            session = create_session(path, options, bundle)
             self.allocated = subtract(memory_map(), before)
             if warm_up is not None:
                 session.run(None, warm_up.feed(session))
@@ -194,4 +204,4 @@ def prefill_session_build(bundle: Bundle, config: EngineConfig, background: bool
     # Resolved on the building thread: a derived graph may be written first (engine/derived.py), and a failure
     # there is the build's, which a deferred build survives by serving prompts through the decode graph.
     path = functools.partial(prefill_graph_path, bundle, config)
-    return SessionBuild(path, options, background=background, warm_up=warm_up, start=not background)
+    return SessionBuild(path, options, background=background, warm_up=warm_up, start=not background, bundle=bundle)

@@ -7,7 +7,10 @@ a sparse file, real on disk, re-hashed into the manifest), so every size the che
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from packager.cli import main
 from packager.sizes import LAMBDA_MAX_IMAGE, SNAPSTART_TMP, bundle_size
 from packager.spec import load_spec
 from packager.targets.aws.lambda_function import check_size
+from runtime.bundle import MANIFEST_NAME, manifest_bytes, open_bundle, read_manifest
 from tests.conftest import DEMO_FUNCTION
 from tests.fixtures.large_bundle import padded_bundle
 from tests.fixtures.moto_server import MotoServer
@@ -82,8 +86,12 @@ def test_snapstart_refuses_a_bundle_over_its_512_mb_tmp(
     assert SNAPSTART_TMP < size < 2 * SNAPSTART_TMP
     code, out = deploy(over_tmp, "snapstart = true\nephemeral_storage_mb = 512")
     assert code == 2, out
-    assert f"the bundle is {-(-size // (1 << 20))} MB and /tmp (ephemeral_storage_mb = 512) holds 512 MB" in out
-    assert "SnapStart keeps /tmp at 512 MB at most" in out and 'package = "image"' in out
+    tables = open_bundle(over_tmp, verify=False).manifest.table_bytes
+    assert tables > 0  # the demo bundle's scale tables are expanded into /tmp too (runtime/engine/tables.py)
+    expected = f"the bundle is {-(-size // (1 << 20))} MB and its scale tables {-(-tables // (1 << 20))} MB, and /tmp"
+    assert expected + " (ephemeral_storage_mb = 512) holds 512 MB" in " ".join(out.split()), out
+    flat = " ".join(out.split())
+    assert "SnapStart keeps /tmp at 512 MB at most" in flat and 'package = "image"' in flat
     assert nothing_created(tmp_path, moto_server)
 
 
@@ -117,3 +125,29 @@ def test_a_10_gb_bundle_is_refused_for_both_lambdas_image_and_its_memory(
     assert f"the image would be {(size.file_bytes + (300 << 20)) / GIB:.2f} GiB unpacked" in flat
     assert "over Lambda's 10.00 GiB limit for a container image" in flat
     assert nothing_created(tmp_path, moto_server)
+
+
+@pytest.fixture(scope="module")
+def large_tables(demo_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's bundle whose manifest says its graphs expand 600 MB of scale tables (a 3B model's are ~0.7 GB)."""
+    target = tmp_path_factory.mktemp("large-tables") / "bundle"
+    shutil.copytree(demo_bundle, target, copy_function=os.link)
+    manifest = read_manifest(target)
+    (target / MANIFEST_NAME).unlink()  # a link to the source's file: write a new one
+    replaced = dataclasses.replace(manifest, table_bytes=600 << 20)
+    (target / MANIFEST_NAME).write_bytes(manifest_bytes(replaced.to_json()))
+    return target
+
+
+def test_an_image_whose_scale_tables_outgrow_tmp_is_refused_with_the_setting_that_fits(
+    large_tables: Path, deploy: Deploy, tmp_path: Path, moto_server: MotoServer
+) -> None:
+    code, out = deploy(large_tables, 'package = "image"\nmemory_mb = 3008\nephemeral_storage_mb = 512')
+    flat = " ".join(out.split())
+    assert code == 2, out
+    assert "the bundle's scale tables are 600 MB, and /tmp (ephemeral_storage_mb = 512) holds 512 MB" in flat, out
+    assert "the init phase expands the tables there: raise ephemeral_storage_mb to 664 or more" in flat, out
+    assert nothing_created(tmp_path, moto_server)
+    toml = tmp_path / "functions" / "sized" / "function.toml"
+    toml.write_text(toml.read_text().replace("ephemeral_storage_mb = 512", "ephemeral_storage_mb = 1024"))
+    check_size(load_spec(tmp_path / "functions" / "sized"))

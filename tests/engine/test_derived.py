@@ -111,16 +111,19 @@ _PEAK_OF_WRITE_DATA = """
 import json, sys, tempfile
 from pathlib import Path
 from runtime.bundle import open_bundle
-from runtime.engine.derived import write_data
+from runtime.engine.recipes import write_data
+from runtime.engine.tables import bundle_files, has_tables, tables_path
 
 def status(key):  # VmHWM, not ru_maxrss: that one keeps the forking parent's peak across exec
     return int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith(key))) * 1024
 
 bundle = open_bundle(Path(sys.argv[1]))
 recipe = json.loads(bundle.file(sys.argv[2]).read_text())
+if has_tables(bundle):
+    tables_path(bundle)  # the scale tables the recipe reads, expanded first (tests/engine/test_tables.py measures it)
 before = status("VmRSS:")
 with tempfile.TemporaryDirectory() as folder:
-    write_data(recipe, bundle, Path(folder) / "weights", sys.argv[2])
+    write_data(recipe, bundle_files(bundle), Path(folder) / "weights", sys.argv[2])
 print(json.dumps({"size": recipe["size"], "growth": status("VmHWM:") - before}))
 """
 

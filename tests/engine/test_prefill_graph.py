@@ -16,10 +16,10 @@ from onnx import TensorProto, helper
 from packager.export.prefill import PREFILL_RECIPE_FILE
 from runtime.bundle import Bundle, open_bundle
 from runtime.engine import graphs
-from runtime.engine.derived import dequantize_nbits
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.graphs import PREFILL_MODEL_FILE, QUANTIZED_PREFILL_FILE, graph_source, prefill_graph_file
 from runtime.engine.kv_cache import KVPool
+from runtime.engine.recipes import dequantize_nbits
 from runtime.engine.request import GenerationRequest, SamplingParams
 from runtime.engine.session import DecoderSession
 from runtime.engine.session_build import SessionOptions, create_session

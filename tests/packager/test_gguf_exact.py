@@ -26,6 +26,7 @@ from packager.progress import StepProgress
 from packager.sources.weights import GgufWeights
 from packager.spec import load_spec
 from runtime.bundle import open_bundle
+from runtime.engine.tables import write_tables_beside
 from tests.fixtures.gguf_bundle import BundleWeights, GgufSource
 from tests.fixtures.tiny_gguf import EMBEDDING_TYPE, LAYER_TYPES, random_blocks, write_tiny_gguf
 from tests.packager.conftest import write_function
@@ -76,6 +77,7 @@ def test_onnx_runtime_computes_with_the_blocks_as_the_gguf_package_defines_them(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)], ir_version=10
     )
     weights.save(model)
+    write_tables_beside(tmp_path)  # what the runtime expands where the bundle runs (runtime/engine/tables.py)
     session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     y, e = session.run(["y", "e"], {"x": x, "ids": ids})
     reference = x.astype(np.float64) @ expected.T.astype(np.float64)

@@ -25,7 +25,7 @@ class OrtLoopSystem:
         self.max_streams = config.max_batch
         self._bundle = open_bundle(config.bundle, verify=False)
         self._facts = decoder_facts(self._bundle.manifest)
-        self._session = create_session(self._bundle.model_path, SessionOptions(threads=config.threads))
+        self._session = create_session(self._bundle.model_path, SessionOptions(threads=config.threads), self._bundle)
         self._kv_names = self._facts.io.cache_names(self._facts.num_layers)
 
     def run(self, prompts: list[PromptSpec], max_tokens: int) -> list[StreamTiming]:

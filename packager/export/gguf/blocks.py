@@ -15,6 +15,11 @@ per block, so each one lands in that form without re-quantizing:
 Types of 4 bits or fewer use a 4-bit container, wider ones an 8-bit container. The K-quants' per-sub-block
 scale is `d * sc` in float32, as the `gguf` package (and transformers, which uses it) computes it, so
 symmetric types dequantize bit for bit to what the fp32 reference holds and the others to fp32 rounding.
+
+The operators want those scales (and residuals) as float32 per block: 1-2 bits per weight that the file stores in
+0.25-0.5. So each weight also keeps its `Factors`, the file's own form of them (a float16 per block, or a K-quant's
+small integer per sub-block times a float16 per super-block), which the bundle ships instead of the float32 tables
+(runtime/engine/tables.py expands them where the bundle runs).
 """
 
 from __future__ import annotations
@@ -25,6 +30,31 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 QK_K = 256  # the K-quants' super-block
+
+
+@dataclass(frozen=True)
+class Factors:
+    """Per-block float32 values as a GGUF type stores them: `sign * float32(super)[n, b // per] * float32(sub)[n, b]`,
+    `per` the sub-blocks of a super-block (`sub` None: one float16 per block, `super` is the table)."""
+
+    super: np.ndarray  # float16 [rows, supers]
+    sub: np.ndarray | None  # int8 or uint8 [rows, blocks]
+    negate: bool = False
+
+    def table(self) -> np.ndarray:
+        """The float32 values, computed as the decoders below compute them (products of small integers and
+        float16 values are exact in float32, so the result is bit-equal)."""
+        from runtime.engine.recipes import expand_factors
+
+        return expand_factors(self.super, self.sub, self.negate)
+
+    def take(self, rows: np.ndarray) -> Factors:
+        return Factors(self.super[rows], None if self.sub is None else self.sub[rows], self.negate)
+
+    @property
+    def form(self) -> tuple[object, ...]:
+        """What factors of several weights must share to be concatenated."""
+        return (self.super.shape[1:], None if self.sub is None else (self.sub.dtype, self.sub.shape[1:]), self.negate)
 
 
 @dataclass(frozen=True)
@@ -40,6 +70,8 @@ class BlockWeight:
     scales: np.ndarray  # float32 [rows, blocks]
     zero_points: np.ndarray | None  # uint8 [rows, blocks]
     residual: np.ndarray | None  # float32 [rows, blocks]
+    scale_factors: Factors | None = None  # `scales` as the file stores them (None: only as float32)
+    minimum_factors: Factors | None = None  # the block minimum `residual` is made from, as the file stores it
 
     @property
     def layout(self) -> tuple[int, int, bool, bool]:
@@ -57,6 +89,8 @@ class BlockWeight:
             self.scales[rows],
             pick(self.zero_points),
             pick(self.residual),
+            None if self.scale_factors is None else self.scale_factors.take(rows),
+            None if self.minimum_factors is None else self.minimum_factors.take(rows),
         )
 
     @staticmethod
@@ -75,6 +109,8 @@ class BlockWeight:
             np.concatenate([p.scales for p in parts]),
             join([p.zero_points for p in parts]),
             join([p.residual for p in parts]),
+            _join_factors([p.scale_factors for p in parts]),
+            _join_factors([p.minimum_factors for p in parts]),
         )
 
     def dequantize(self) -> np.ndarray:
@@ -86,6 +122,16 @@ class BlockWeight:
         if self.residual is not None:
             weight += self.residual[..., None]
         return weight.reshape(rows, k)
+
+
+def _join_factors(parts: list[Factors | None]) -> Factors | None:
+    """The parts' factors as one, when all have factors of one form (else the weight ships float32 tables)."""
+    first = parts[0]
+    if first is None or any(p is None or p.form != first.form for p in parts):
+        return None
+    chosen = [p for p in parts if p is not None]
+    sub = None if first.sub is None else np.concatenate([p.sub for p in chosen if p.sub is not None])
+    return Factors(np.concatenate([p.super for p in chosen]), sub, first.negate)
 
 
 def supported_types() -> tuple[GGMLQuantizationType, ...]:
@@ -105,8 +151,12 @@ def read_blocks(qtype: GGMLQuantizationType, raw: np.ndarray) -> BlockWeight:
 
 # Each decoder returns the source form: unsigned integers `q` [rows, blocks, block], a float32 scale per
 # (sub-)block, and either the integer `center` of a symmetric type or a float32 minimum per (sub-)block.
+def _half(blocks: np.ndarray, start: int) -> np.ndarray:
+    return blocks[..., start : start + 2].copy().view(np.float16)[..., 0]
+
+
 def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
-    return blocks[..., start : start + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+    return _half(blocks, start).astype(np.float32)
 
 
 def _nibbles_halves(qs: np.ndarray) -> np.ndarray:
@@ -120,26 +170,27 @@ def _high_bits(qh: np.ndarray) -> np.ndarray:
 
 
 def _q4_0(blocks: np.ndarray, block_size: int) -> BlockWeight:
-    return _symmetric(_nibbles_halves(blocks[..., 2:18]), _f16(blocks, 0), center=8, source_bits=4)
+    return _symmetric(_nibbles_halves(blocks[..., 2:18]), Factors(_half(blocks, 0), None), center=8, source_bits=4)
 
 
 def _q4_1(blocks: np.ndarray, block_size: int) -> BlockWeight:
-    return _with_minimum(_nibbles_halves(blocks[..., 4:20]), _f16(blocks, 0), _f16(blocks, 2), source_bits=4)
+    scale, minimum = Factors(_half(blocks, 0), None), Factors(_half(blocks, 2), None)
+    return _with_minimum(_nibbles_halves(blocks[..., 4:20]), scale, minimum, source_bits=4)
 
 
 def _q5_0(blocks: np.ndarray, block_size: int) -> BlockWeight:
     q = _nibbles_halves(blocks[..., 6:22]) | (_high_bits(blocks[..., 2:6]) << 4)
-    return _symmetric(q, _f16(blocks, 0), center=16, source_bits=5)
+    return _symmetric(q, Factors(_half(blocks, 0), None), center=16, source_bits=5)
 
 
 def _q5_1(blocks: np.ndarray, block_size: int) -> BlockWeight:
     q = _nibbles_halves(blocks[..., 8:24]) | (_high_bits(blocks[..., 4:8]) << 4)
-    return _with_minimum(q, _f16(blocks, 0), _f16(blocks, 2), source_bits=5)
+    return _with_minimum(q, Factors(_half(blocks, 0), None), Factors(_half(blocks, 2), None), source_bits=5)
 
 
 def _q8_0(blocks: np.ndarray, block_size: int) -> BlockWeight:
     q = blocks[..., 2:34] ^ np.uint8(0x80)  # int8 → uint8 + 128
-    return _symmetric(q, _f16(blocks, 0), center=128, source_bits=8)
+    return _symmetric(q, Factors(_half(blocks, 0), None), center=128, source_bits=8)
 
 
 def _mxfp4(blocks: np.ndarray, block_size: int) -> BlockWeight:
@@ -166,12 +217,10 @@ def _split_k(blocks: np.ndarray, q: np.ndarray, *, source_bits: int) -> BlockWei
     """Q4_K/Q5_K super-blocks of 8 sub-blocks of 32: `w = d*sc * q - dmin*m`."""
     rows, supers = blocks.shape[:2]
     sc, mn = _k_scale_min(blocks[..., 4:16])
-    d = _f16(blocks, 0)[..., None] * sc.astype(np.float32)
-    minimum = -(_f16(blocks, 2)[..., None] * mn.astype(np.float32))
     shape = (rows, supers * 8)
-    return _with_minimum(
-        q.reshape(rows, supers * 8, 32), d.reshape(shape), minimum.reshape(shape), source_bits=source_bits
-    )
+    scale = Factors(_half(blocks, 0), sc.reshape(shape))
+    minimum = Factors(_half(blocks, 2), mn.reshape(shape), negate=True)
+    return _with_minimum(q.reshape(rows, supers * 8, 32), scale, minimum, source_bits=source_bits)
 
 
 def _q4_k(blocks: np.ndarray, block_size: int) -> BlockWeight:
@@ -197,9 +246,8 @@ def _q6_k(blocks: np.ndarray, block_size: int) -> BlockWeight:
     low = ((ql >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 0x0F).reshape(rows, supers, 2, 4, 32)
     high = ((qh >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 3).reshape(rows, supers, 2, 4, 32)
     q = (low | (high << 4)).reshape(rows, supers * 16, 16)
-    sc = blocks[..., 192:208].copy().view(np.int8).astype(np.float32)
-    d = (_f16(blocks, 208)[..., None] * sc).reshape(rows, supers * 16)
-    return _symmetric(q, d, center=32, source_bits=6)
+    sc = blocks[..., 192:208].copy().view(np.int8).reshape(rows, supers * 16)
+    return _symmetric(q, Factors(_half(blocks, 208), sc), center=32, source_bits=6)
 
 
 def _q2_k(blocks: np.ndarray, block_size: int) -> BlockWeight:
@@ -207,9 +255,9 @@ def _q2_k(blocks: np.ndarray, block_size: int) -> BlockWeight:
     scales = blocks[..., 0:16]
     qs = blocks[..., 16:80].reshape(rows, supers, 2, 1, 32)
     q = ((qs >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 3).reshape(rows, supers * 16, 16)
-    d = (_f16(blocks, 80)[..., None] * (scales & 0x0F).astype(np.float32)).reshape(rows, supers * 16)
-    minimum = -(_f16(blocks, 82)[..., None] * (scales >> 4).astype(np.float32)).reshape(rows, supers * 16)
-    return _with_minimum(q, d, minimum, source_bits=2)
+    scale = Factors(_half(blocks, 80), (scales & 0x0F).reshape(rows, supers * 16))
+    minimum = Factors(_half(blocks, 82), (scales >> 4).reshape(rows, supers * 16), negate=True)
+    return _with_minimum(q, scale, minimum, source_bits=2)
 
 
 def _q3_k(blocks: np.ndarray, block_size: int) -> BlockWeight:
@@ -221,7 +269,7 @@ def _q3_k(blocks: np.ndarray, block_size: int) -> BlockWeight:
     shifts = np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
     high_scales = (packed[..., 8:12].reshape(rows, supers, 1, 4) >> shifts) & 3
     sc = (low_scales.reshape(rows, supers, 16) | (high_scales.reshape(rows, supers, 16) << 4)).astype(np.int16) - 32
-    d = (_f16(blocks, 108)[..., None] * sc.astype(np.float32)).reshape(rows, supers * 16)
+    d = Factors(_half(blocks, 108), sc.astype(np.int8).reshape(rows, supers * 16))  # -32..31
     low = ((qs >> shifts.reshape(1, 1, 1, 4, 1)) & 3).reshape(rows, supers, 8, 32)
     high = (hmask >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1
     # A set hmask bit means +0, a clear one -4 (ggml's q3_K): as unsigned, q = low + 4 * high, centred on 4.
@@ -233,23 +281,42 @@ def _container(source_bits: int) -> int:
     return 4 if source_bits <= 4 else 8
 
 
-def _symmetric(q: np.ndarray, scale: np.ndarray, *, center: int, source_bits: int) -> BlockWeight:
+def _symmetric(q: np.ndarray, scale: np.ndarray | Factors, *, center: int, source_bits: int) -> BlockWeight:
     """`w = scale * (q - center)`: shift q so that `center` falls on the default zero point `2**(bits-1)`."""
     bits = _container(source_bits)
     rows, _, block_size = q.shape
     values = (q.astype(np.int16) + ((1 << (bits - 1)) - center)).astype(np.uint8)
-    return BlockWeight(bits, block_size, values.reshape(rows, -1), scale.astype(np.float32), None, None)
+    factors, table = _table(scale)
+    return BlockWeight(bits, block_size, values.reshape(rows, -1), table, None, None, factors)
 
 
-def _with_minimum(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray, *, source_bits: int) -> BlockWeight:
+def _with_minimum(
+    q: np.ndarray, scale: np.ndarray | Factors, minimum: np.ndarray | Factors, *, source_bits: int
+) -> BlockWeight:
     """`w = scale * q + minimum` as `(q - z) * scale + (minimum + z * scale)`, `z` the nearest uint8 zero point."""
     bits = _container(source_bits)
     rows, _, block_size = q.shape
+    scale_factors, scale = _table(scale)
+    minimum_factors, minimum = _table(minimum)
     with np.errstate(divide="ignore", invalid="ignore"):
         ideal = np.where(scale != 0, -minimum / scale, 0.0)
     zero = np.clip(np.rint(ideal), 0, (1 << bits) - 1).astype(np.uint8)
-    residual = (minimum + zero.astype(np.float32) * scale).astype(np.float32)
-    return BlockWeight(bits, block_size, q.reshape(rows, -1).astype(np.uint8), scale.astype(np.float32), zero, residual)
+    residual = residual_of(minimum, zero, scale)
+    values = q.reshape(rows, -1).astype(np.uint8)
+    return BlockWeight(bits, block_size, values, scale, zero, residual, scale_factors, minimum_factors)
+
+
+def residual_of(minimum: np.ndarray, zero: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The per-block residual `minimum + z * scale` in float32 (the runtime expands it with the same function)."""
+    from runtime.engine.recipes import residual_table
+
+    return residual_table(minimum, zero, scale)
+
+
+def _table(values: np.ndarray | Factors) -> tuple[Factors | None, np.ndarray]:
+    if isinstance(values, Factors):
+        return values, values.table()
+    return None, values.astype(np.float32)
 
 
 _DECODERS = {

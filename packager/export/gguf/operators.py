@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from onnx import NodeProto, TensorProto, helper
 
-from packager.export.gguf.blocks import BlockWeight
+from packager.export.gguf.blocks import BlockWeight, Factors
 from packager.export.materialize import Sink
 
 MS_DOMAIN = "com.microsoft"
@@ -141,7 +141,7 @@ class GraphBuilder:
                 stored = self.node("Cast", [stored], f"{key}.T/float", f"{name}/Cast", to=TensorProto.FLOAT)
             return self.node("MatMul", [x, stored], output, name)
         bits, block_size, has_zero, has_residual = _block_layout(ref)
-        inputs = [x, self._packed_blocks(ref), self.constant(f"{key}.scales", lambda: _blocks(ref).scales)]
+        inputs = [x, self._packed_blocks(ref), self._scales(ref)]
         if has_zero:
             inputs.append(self.constant(f"{key}.zero_points", lambda: pack_zero_points(_blocks(ref))))
         main = output if not has_residual else f"{output}/blocks"
@@ -151,13 +151,45 @@ class GraphBuilder:
         )  # fmt: skip
         if not has_residual:
             return output
-        residual = self.constant(
-            f"{key}.residual_t",
-            lambda: np.ascontiguousarray(_blocks(ref).residual.T),  # type: ignore[union-attr]
-        )
+        residual = self._residual(ref, transposed=True)
         sums = self._block_sum(x, k, block_size, name)
         correction = self.node("MatMul", [sums, residual], f"{output}/residual", f"{name}/residual/MatMul")
         return self.node("Add", [main, correction], output, f"{name}/residual/Add")
+
+    def _scales(self, ref: WeightRef) -> str:
+        """A block weight's float32 scales, stored as the GGUF's factors where it has them (blocks.py)."""
+        name = f"{ref.key}.scales"
+        if name in self.weights:
+            return name
+        weight = _blocks(ref)
+        if weight.scale_factors is None:
+            return self.weights.add(name, weight.scales)
+        factors: dict[str, np.ndarray] = {}
+        rule = {"scales": _factor_rule(f"{ref.key}.scale", weight.scale_factors, factors)}
+        return self.weights.add_table(name, weight.scales, rule, factors)
+
+    def _residual(self, ref: WeightRef, transposed: bool) -> str:
+        """A block weight's float32 residual (`[blocks, rows]` for a matmul, `[rows, blocks]` for a gather), stored as
+        the GGUF's factors of its scales and minimums and the zero points where it has them."""
+        name = f"{ref.key}.residual_t" if transposed else f"{ref.key}.residual"
+        if name in self.weights:
+            return name
+        weight = _blocks(ref)
+        residual = weight.residual
+        assert residual is not None
+        table = np.ascontiguousarray(residual.T) if transposed else residual
+        if weight.scale_factors is None or weight.minimum_factors is None:
+            return self.weights.add(name, table)
+        zero_points = self.constant(f"{ref.key}.zero_points", lambda: pack_zero_points(weight))
+        factors = {zero_points: pack_zero_points(weight)}
+        rule = {
+            "scales": _factor_rule(f"{ref.key}.scale", weight.scale_factors, factors),
+            "minimum": _factor_rule(f"{ref.key}.minimum", weight.minimum_factors, factors),
+            "zero_points": zero_points,
+            "bits": weight.bits,
+            "transposed": transposed,
+        }
+        return self.weights.add_table(name, table, rule, factors)
 
     def _packed_blocks(self, ref: WeightRef) -> str:
         if ref.key not in self._packed:
@@ -214,7 +246,7 @@ class GraphBuilder:
         data = f"{packed}.rows"
         if data not in self.weights:
             self.weights.alias(data, packed, (rows, k * bits // 8))
-        inputs = [data, indices, self.constant(f"{key}.scales", lambda: _blocks(ref).scales)]
+        inputs = [data, indices, self._scales(ref)]
         if has_zero:
             inputs.append(self.constant(f"{key}.zero_points", lambda: pack_zero_points(_blocks(ref))))
         main = output if not has_residual else f"{output}/blocks"
@@ -226,7 +258,7 @@ class GraphBuilder:
             return
         # Each gathered row plus its blocks' residuals: [..., blocks, block] + [..., blocks, 1].
         blocks = k // block_size
-        table = self.constant(f"{key}.residual", lambda: _blocks(ref).residual)  # type: ignore[arg-type,return-value]
+        table = self._residual(ref, transposed=False)
         picked = self.node("Gather", [table, indices], f"{output}/residual", f"{name}/residual/Gather")
         split, axis = self._blocks_shape(blocks, block_size), self._last_axis()
         column = self.node("Unsqueeze", [picked, axis], f"{output}/residual_column", f"{name}/residual/Unsqueeze")
@@ -234,6 +266,16 @@ class GraphBuilder:
         summed = self.node("Add", [grouped, column], f"{output}/corrected", f"{name}/residual/Add")
         flat = self.constant(f"gguf.shape.flat{k}", np.array([0, 0, k]))
         self.node("Reshape", [summed, flat], output, f"{name}/residual/Flatten")
+
+
+def _factor_rule(prefix: str, factors: Factors, arrays: dict[str, np.ndarray]) -> dict[str, object]:
+    """The recipe's part for `factors`, naming them `prefix.super` / `prefix.sub` (added to `arrays`)."""
+    rule: dict[str, object] = {"super": f"{prefix}.super", "negate": factors.negate}
+    arrays[f"{prefix}.super"] = factors.super
+    if factors.sub is not None:
+        rule["sub"] = f"{prefix}.sub"
+        arrays[f"{prefix}.sub"] = factors.sub
+    return rule
 
 
 def _block_layout(ref: WeightRef) -> tuple[int, int, bool, bool]:
