@@ -49,26 +49,21 @@ def has_tables(bundle: Bundle) -> bool:
     return TABLES_RECIPE in bundle.manifest.files
 
 
-def table_bytes(bundle: Bundle) -> int:
-    """The size of the tables file the bundle's graphs need where they run (0: none)."""
-    if not has_tables(bundle):
-        return 0
-    return int(json.loads(bundle.file(TABLES_RECIPE).read_text())["size"])
-
-
 def tables_path(bundle: Bundle) -> Path:
     """The bundle's tables file, written now (and checked against the recipe's digest) unless a valid one is there.
 
     Filed by that digest, of the tables themselves: bundles that differ only elsewhere (a rebuild with another
     snapshot or prompt) share one file."""
     recipe = json.loads(bundle.file(TABLES_RECIPE).read_text())
-    digest = str(recipe.get("sha256", ""))
+    digest = recipe.get("sha256")
+    if not isinstance(digest, str) or len(digest) != 64:
+        raise BundleError(f"{TABLES_RECIPE} names no sha256 of the tables it makes; rebuild the bundle")
     path = work_directory() / f"tables-{digest[:32]}" / TABLES_FILE
     with _writing:
         problem = _problem(digest, path)
         if problem is not None:
             log.info("expanding the scale tables into %s (%s)", path, problem)
-            _write(bundle, recipe, path)
+            _write(bundle, recipe, digest, path)
     return path
 
 
@@ -88,14 +83,14 @@ def _problem(digest: str, path: Path) -> str | None:
     return None if record.get("identity") == identity else "the file changed since it was written"
 
 
-def _write(bundle: Bundle, recipe: dict[str, Any], path: Path) -> None:
-    """The file, then its record (a partial write never counts)."""
+def _write(bundle: Bundle, recipe: dict[str, Any], expected: str, path: Path) -> None:
+    """The file, then its record (a partial write never counts); `expected`: its sha256."""
     path.parent.mkdir(parents=True, exist_ok=True)
     (path.parent / RECORD).unlink(missing_ok=True)
     partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
     try:
         digest = write_data(recipe, bundle_files(bundle), partial, TABLES_RECIPE)
-        if digest != recipe["sha256"]:
+        if digest != expected:
             raise BundleError(f"{TABLES_RECIPE} expands to other tables than the packager verified; rebuild the bundle")
         partial.replace(path)
     finally:

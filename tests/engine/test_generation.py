@@ -12,6 +12,7 @@ from runtime.bundle import Bundle
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.graphs import PREFILL_MODEL_FILE, decode_graph_path, graph_source, prefill_graph_file
 from runtime.engine.request import FinishReason, GenerationRequest, SamplingParams
+from runtime.engine.tables import inference_session
 from runtime.engine.tokenizer import Tokenizer
 from tests.engine.conftest import chat_ids
 
@@ -40,12 +41,11 @@ def reference_greedy(
     """
     facts = bundle.manifest.model
     io = facts.io
-    session = ort.InferenceSession(str(decode_graph_path(bundle, config)), providers=["CPUExecutionProvider"])
+    cpu = ["CPUExecutionProvider"]
+    session = inference_session(decode_graph_path(bundle, config), ort.SessionOptions(), cpu, bundle)
     prompt_session = session
     if (prefill := prefill_graph_file(bundle, config)) is not None:
-        prompt_session = ort.InferenceSession(
-            str(graph_source(bundle, prefill, config)), providers=["CPUExecutionProvider"]
-        )
+        prompt_session = inference_session(graph_source(bundle, prefill, config), ort.SessionOptions(), cpu, bundle)
     empty = np.zeros((1, facts.num_kv_heads, 0, facts.head_dim), np.float32)
     cache_names = io.cache_names(facts.num_layers)
     past = {name: empty for name, _ in cache_names}

@@ -23,6 +23,7 @@ from runtime.engine.recipes import dequantize_nbits
 from runtime.engine.request import GenerationRequest, SamplingParams
 from runtime.engine.session import DecoderSession
 from runtime.engine.session_build import SessionOptions, create_session
+from runtime.engine.tables import inference_session
 from runtime.engine.tokenizer import Tokenizer
 from tests.engine.conftest import chat_ids
 
@@ -82,8 +83,9 @@ def test_prefill_graph_returns_the_last_position_of_the_same_model(
     empty = np.zeros((1, facts.num_kv_heads, 0, facts.head_dim), np.float32)
     feed = {io.input_ids: prompt, io.attention_mask: np.ones_like(prompt)}
     feed |= {name % i: empty for i in range(facts.num_layers) for name in (io.past_key, io.past_value)}
-    full = ort.InferenceSession(str(bundle.model_path), providers=["CPUExecutionProvider"])
-    prefill = ort.InferenceSession(str(graph_source(bundle, graph, EngineConfig())), providers=["CPUExecutionProvider"])
+    full = inference_session(bundle.model_path, ort.SessionOptions(), ["CPUExecutionProvider"], bundle)
+    source = graph_source(bundle, graph, EngineConfig())
+    prefill = inference_session(source, ort.SessionOptions(), ["CPUExecutionProvider"], bundle)
     (all_positions,) = full.run([io.logits], feed)
     (last,) = prefill.run([io.logits], feed)
     assert all_positions.shape == (1, prompt.shape[1], facts.vocab_size)
@@ -219,8 +221,9 @@ def test_prompts_prefilled_in_one_run_match_each_prefilled_alone(
     pool = KVPool(facts, slots=3, max_context=64)
     options = SessionOptions()
     decoder = DecoderSession(
-        create_session(bundle.model_path, options), facts.io, facts.num_layers, pool.tensors, facts.vocab_size,
-        max_rows=3, max_chunk=64, prefill_session=create_session(graph_source(bundle, graph, EngineConfig()), options),
+        create_session(bundle.model_path, options, bundle), facts.io, facts.num_layers, pool.tensors, facts.vocab_size,
+        max_rows=3, max_chunk=64,
+        prefill_session=create_session(graph_source(bundle, graph, EngineConfig()), options, bundle),
     )  # fmt: skip
     assert decoder.prefills_prompts_together
     prompts = [chat_ids(tokenizer, q) for q in ("hi", "Name a large river.", "Tell me a fun fact about octopuses.")]

@@ -18,7 +18,7 @@ def test_a_decode_after_other_shapes_sees_its_own_mask_and_gives_the_same_logits
     facts = bundle.manifest.model
     pool = KVPool(facts, slots=2, max_context=64)
     decoder = DecoderSession(
-        create_session(bundle.model_path, SessionOptions()), facts.io, facts.num_layers, pool.tensors,
+        create_session(bundle.model_path, SessionOptions(), bundle), facts.io, facts.num_layers, pool.tensors,
         facts.vocab_size, max_rows=2, max_chunk=64,
     )  # fmt: skip
     prompt = chat_ids(tokenizer, "Name a large river.")
@@ -46,7 +46,7 @@ def test_a_lone_row_decodes_as_with_a_mask_as_wide_as_its_length(bundle: Bundle,
     context = 64
     pool = KVPool(facts, slots=1, max_context=context)
     decoder = DecoderSession(
-        create_session(bundle.model_path, SessionOptions()), facts.io, facts.num_layers, pool.tensors,
+        create_session(bundle.model_path, SessionOptions(), bundle), facts.io, facts.num_layers, pool.tensors,
         facts.vocab_size, max_rows=1, max_chunk=context,
     )  # fmt: skip
     prompt = chat_ids(tokenizer, "Name a large river.")

@@ -63,9 +63,9 @@ def verify_session(bundle: Bundle) -> DecoderSession:
     options = SessionOptions()
     prefill = None
     if (prompt_graph := prefill_graph_file(bundle, EngineConfig())) is not None:
-        prefill = create_session(graph_source(bundle, prompt_graph, EngineConfig()), options)
+        prefill = create_session(graph_source(bundle, prompt_graph, EngineConfig()), options, bundle)
     pool = KVPool(facts, 1, CONTEXT)
-    session = create_session(bundle.model_path, options)
+    session = create_session(bundle.model_path, options, bundle)
     return DecoderSession(
         session, facts.io, facts.num_layers, pool.tensors, facts.vocab_size, 1, 64, prefill, max_width=2
     )
