@@ -11,7 +11,6 @@ whole, in memory or on disk.
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import time
@@ -32,7 +31,7 @@ from packager.export.materialize import MemoryWeights, Structure
 from packager.export.moe import QuantizedExperts, float_moe_nodes, qmoe_layout, unpack
 from packager.mapped import release
 from runtime.engine.heap import release_free_memory
-from runtime.engine.recipes import table_array
+from runtime.engine.recipes import ref_array, table_array
 from runtime.engine.tables import TABLES_FILE, TABLES_RECIPE
 
 _LAYER = re.compile(r"^/model/layers\.(\d+)/")
@@ -151,7 +150,7 @@ class ExportSystem:
         info = {e.key: e.value for e in tensor.external_data}
         offset, length = int(info.get("offset", 0)), int(info["length"])
         if info["location"] == TABLES_FILE:  # expanded from its factors, as the runtime does
-            return table_array(self._tables[offset], self._read_ref)
+            return table_array(self._tables[offset], lambda ref: ref_array(ref, self._bytes, TABLES_RECIPE))
         return (
             self._bytes(info["location"], offset, length)
             .view(_numpy_dtype(tensor.data_type))
@@ -162,14 +161,6 @@ class ExportSystem:
         if location not in self._maps:
             self._maps[location] = np.memmap(self.directory / location, dtype=np.uint8, mode="r")
         return self._maps[location][offset : offset + length]
-
-    def _read_ref(self, ref: dict[str, object]) -> np.ndarray:
-        """A tables recipe's reference to bytes of the export (derived.py's format)."""
-        dtype, shape = np.dtype(str(ref["dtype"])), tuple(int(d) for d in ref["shape"])  # type: ignore[attr-defined]
-        if "inline" in ref:
-            return np.frombuffer(base64.b64decode(str(ref["inline"])), dtype).reshape(shape)
-        length = int(np.prod(shape)) * dtype.itemsize
-        return self._bytes(str(ref["file"]), int(ref["offset"]), length).view(dtype).reshape(shape)  # type: ignore[call-overload]
 
 
 class StructureSystem:

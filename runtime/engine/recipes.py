@@ -111,6 +111,20 @@ def table_array(rule: dict[str, Any], read: Any) -> NDArray[np.float32]:
     return np.ascontiguousarray(table.T) if rule.get("transposed") else table
 
 
+def ref_array(ref: dict[str, Any], read_bytes: Callable[[str, int, int], Any], recipe_file: str) -> NDArray[Any]:
+    """The tensor a recipe's `ref` names, of its dtype and shape: inline (base64), or the `nbytes` that
+    `read_bytes(file, offset, nbytes)` returns (bytes, or a uint8 array such as a slice of a map)."""
+    dtype, shape = np.dtype(ref["dtype"]), tuple(int(d) for d in ref["shape"])
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    if "inline" in ref:
+        raw = base64.b64decode(ref["inline"])
+    else:
+        raw = read_bytes(str(ref["file"]), int(ref["offset"]), nbytes)
+    if len(raw) != nbytes:
+        raise BundleError(f"{recipe_file} holds a tensor of the wrong size; rebuild the bundle")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
 def _nibbles(packed: NDArray[np.uint8]) -> NDArray[np.uint8]:
     """Two 4-bit values from each byte of the last axis, low nibble first: `[..., 2 * bytes]` uint8."""
     return np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
@@ -133,23 +147,15 @@ def write_data(recipe: dict[str, Any], files: Callable[[str], Path], out: Path |
     if out is not None:
         _check_space(out.parent, size, recipe_file)
 
+    def read_bytes(name: str, offset: int, nbytes: int) -> bytearray:
+        if name not in sources:
+            sources[name] = os.open(files(name), os.O_RDONLY | os.O_CLOEXEC)
+        if offset < 0 or offset + nbytes > os.fstat(sources[name]).st_size:
+            raise BundleError(f"{recipe_file} reads past the end of {name}; rebuild the bundle")
+        return _read_range(sources[name], offset, nbytes)
+
     def read(ref: dict[str, Any]) -> NDArray[Any]:
-        """The tensor `ref` points at: inline, or a byte range of a bundle file; its dtype is the recipe's."""
-        dtype, shape = np.dtype(ref["dtype"]), tuple(int(d) for d in ref["shape"])
-        nbytes = int(np.prod(shape)) * dtype.itemsize
-        raw: bytes | bytearray
-        if "inline" in ref:
-            raw = base64.b64decode(ref["inline"])
-        else:
-            name, offset = str(ref["file"]), int(ref["offset"])
-            if name not in sources:
-                sources[name] = os.open(files(name), os.O_RDONLY | os.O_CLOEXEC)
-            if offset < 0 or offset + nbytes > os.fstat(sources[name]).st_size:
-                raise BundleError(f"{recipe_file} reads past the end of {name}; rebuild the bundle")
-            raw = _read_range(sources[name], offset, nbytes)
-        if len(raw) != nbytes:
-            raise BundleError(f"{recipe_file} holds a tensor of the wrong size; rebuild the bundle")
-        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+        return ref_array(ref, read_bytes, recipe_file)
 
     def read_optional(ref: dict[str, Any] | None) -> NDArray[Any] | None:
         return None if ref is None else read(ref)

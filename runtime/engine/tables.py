@@ -54,7 +54,15 @@ def tables_path(bundle: Bundle) -> Path:
 
     Filed by that digest, of the tables themselves: bundles that differ only elsewhere (a rebuild with another
     snapshot or prompt) share one file."""
-    recipe = json.loads(bundle.file(TABLES_RECIPE).read_text())
+    return _tables_file(bundle, _recipe(bundle))
+
+
+def _recipe(bundle: Bundle) -> dict[str, Any]:
+    recipe: dict[str, Any] = json.loads(bundle.file(TABLES_RECIPE).read_text())
+    return recipe
+
+
+def _tables_file(bundle: Bundle, recipe: dict[str, Any]) -> Path:
     digest = recipe.get("sha256")
     if not isinstance(digest, str) or len(digest) != 64:
         raise BundleError(f"{TABLES_RECIPE} names no sha256 of the tables it makes; rebuild the bundle")
@@ -183,8 +191,9 @@ def graph_tables(graph: Path, bundle: Bundle | None) -> GraphTables | None:
     its weights itself); None when it names none."""
     if bundle is None or not has_tables(bundle) or graph.parent.resolve() != bundle.path.resolve():
         return None
-    entries = _entries(json.loads(bundle.file(TABLES_RECIPE).read_text()), graph.name)
-    return GraphTables(entries, tables_path(bundle), graph.name) if entries else None
+    recipe = _recipe(bundle)
+    entries = _entries(recipe, graph.name)
+    return GraphTables(entries, _tables_file(bundle, recipe), graph.name) if entries else None
 
 
 def inference_session(

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from runtime.engine.recipes import expand_factors, residual_table
+
 QK_K = 256  # the K-quants' super-block
 
 
@@ -42,10 +44,8 @@ class Factors:
     negate: bool = False
 
     def table(self) -> np.ndarray:
-        """The float32 values, computed as the decoders below compute them (products of small integers and
-        float16 values are exact in float32, so the result is bit-equal)."""
-        from runtime.engine.recipes import expand_factors
-
+        """The float32 values, as the runtime expands them (products of small integers and float16 values are exact
+        in float32: bit-equal to `d * sc` as the `gguf` package computes it)."""
         return expand_factors(self.super, self.sub, self.negate)
 
     def take(self, rows: np.ndarray) -> Factors:
@@ -153,10 +153,6 @@ def read_blocks(qtype: GGMLQuantizationType, raw: np.ndarray) -> BlockWeight:
 # (sub-)block, and either the integer `center` of a symmetric type or a float32 minimum per (sub-)block.
 def _half(blocks: np.ndarray, start: int) -> np.ndarray:
     return blocks[..., start : start + 2].copy().view(np.float16)[..., 0]
-
-
-def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
-    return _half(blocks, start).astype(np.float32)
 
 
 def _nibbles_halves(qs: np.ndarray) -> np.ndarray:
@@ -301,16 +297,9 @@ def _with_minimum(
     with np.errstate(divide="ignore", invalid="ignore"):
         ideal = np.where(scale != 0, -minimum / scale, 0.0)
     zero = np.clip(np.rint(ideal), 0, (1 << bits) - 1).astype(np.uint8)
-    residual = residual_of(minimum, zero, scale)
+    residual = residual_table(minimum, zero, scale)  # as the runtime expands it
     values = q.reshape(rows, -1).astype(np.uint8)
     return BlockWeight(bits, block_size, values, scale, zero, residual, scale_factors, minimum_factors)
-
-
-def residual_of(minimum: np.ndarray, zero: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """The per-block residual `minimum + z * scale` in float32 (the runtime expands it with the same function)."""
-    from runtime.engine.recipes import residual_table
-
-    return residual_table(minimum, zero, scale)
 
 
 def _table(values: np.ndarray | Factors) -> tuple[Factors | None, np.ndarray]:
