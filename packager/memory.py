@@ -7,9 +7,14 @@ child process, so the process tree's sum is what counts, sampled every few milli
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -62,3 +67,31 @@ class PeakRss:
     def _sample(self) -> None:
         while not self._stop.wait(self.interval):
             self.bytes = max(self.bytes, tree_rss())
+
+
+@dataclass(frozen=True)
+class SampledRun:
+    returncode: int
+    peak_rss: int  # bytes: the largest `tree_rss` of the command's process tree seen while it ran
+    seconds: float
+
+
+def run_sampled(
+    command: Sequence[str],
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | int | None = subprocess.STDOUT,
+    interval: float = 0.05,
+) -> SampledRun:
+    """Run `command` to its end while sampling its process tree's resident memory: the figure `pkg build`,
+    `pkg image` and `pkg push` are bounded by, measured from outside, children included. Output goes to files
+    (`stdout`, and `stderr`: by default with stdout), never to a pipe this loop would have to drain."""
+    started = time.monotonic()
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=True)
+    peak = 0
+    while process.poll() is None:
+        peak = max(peak, tree_rss(process.pid))
+        time.sleep(interval)
+    return SampledRun(process.returncode, peak, time.monotonic() - started)

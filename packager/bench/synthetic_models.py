@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from packager.bench.machine import ContentionMeter
-from packager.memory import tree_rss
+from packager.memory import run_sampled
 from packager.sources.gguf_metadata import read_metadata
 from packager.spec import FunctionSpec, load_spec
 from packager.synthetic import synthetic_gguf
@@ -106,28 +105,23 @@ def run_build(repo: Path, function_dir: Path, log_path: Path, interval: float = 
     command = [sys.executable, "-m", "packager.cli", "build", "--json", str(function_dir)]
     contention = ContentionMeter()
     load_start = os.getloadavg()[0]
-    started = time.monotonic()
-    peak = 0
     try:
         with log_path.open("w") as log, tempfile.TemporaryFile("w+") as out:
-            process = subprocess.Popen(command, cwd=repo, env=env, stdout=out, stderr=log, text=True)
-            while process.poll() is None:  # the builder and the verifier run in children of the build
-                peak = max(peak, tree_rss(process.pid))
-                time.sleep(interval)
+            # The builder and the verifier run in children of the build: the whole tree is sampled.
+            run = run_sampled(command, cwd=repo, env=env, stdout=out, stderr=log, interval=interval)
             out.seek(0)
             stdout = out.read()
     finally:
         # The bundle's files are hard links into the cache's export: removing the cache leaves them whole.
         shutil.rmtree(scratch, ignore_errors=True)
-    seconds = time.monotonic() - started
-    if process.returncode != 0:
+    if run.returncode != 0:
         tail = log_path.read_text(errors="replace")[-1500:]
-        raise SyntheticModelError(f"`pkg build {function_dir}` failed (exit {process.returncode}); {log_path}:\n{tail}")
+        raise SyntheticModelError(f"`pkg build {function_dir}` failed (exit {run.returncode}); {log_path}:\n{tail}")
     return {
         "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),  # when it finished
         "command": " ".join(["ONNXFN_CACHE_DIR=<fresh>", "pkg", "build", "--json", str(function_dir)]),
-        "wall_s": seconds,
-        "peak_tree_rss_bytes": peak,  # sampled by the bench every `interval` s, the build's own process included
+        "wall_s": run.seconds,
+        "peak_tree_rss_bytes": run.peak_rss,  # sampled every `interval` s, the build's own process included
         "load_average_start": load_start,
         "load_average_end": os.getloadavg()[0],
         "others_cpu_share": contention.others_share(),

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from packager.errors import UserError
+from packager.memory import PeakRss
 from packager.paths import build_dir, bundle_dir
 from packager.progress import StepProgress
 from packager.spec import load_spec
@@ -81,6 +82,8 @@ def _build(args: argparse.Namespace) -> int:
         push_to=_target(args.push) if args.push else None,
     )
     print_image(spec.name, result)
+    peak = max((record.peak_rss for record in progress.records if not record.cached), default=0)
+    console.print(f"peak RSS of the build: {peak / 2**20:.0f} MiB", style="dim", highlight=False)
     return 0
 
 
@@ -111,7 +114,10 @@ def _push(args: argparse.Namespace) -> int:
     layout = build_dir(spec) / "image"
     if not (layout / "index.json").is_file():
         raise UserError(f"no image at {layout}: run pkg image build {args.function} first")
-    _print_push(push_layout(layout, _target(args.reference)))
+    with PeakRss() as peak:  # the layers stream from disk in chunks: reported, and bounded by the tests
+        report = push_layout(layout, _target(args.reference))
+    _print_push(report)
+    console.print(f"peak RSS of this push: {peak.bytes / 2**20:.0f} MiB", style="dim", highlight=False)
     return 0
 
 

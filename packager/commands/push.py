@@ -16,6 +16,7 @@ from packager.edge.archive import archive_bundle
 from packager.edge.devices import edge_options
 from packager.edge.fleet import push
 from packager.edge.progress import DeviceProgress, print_results
+from packager.memory import PeakRss
 from packager.paths import build_dir, bundle_dir
 from packager.spec import load_spec
 
@@ -48,10 +49,12 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.function)
     settings = spec.targets.edge
     options = edge_options(settings, args.device, args.token_file, tls_flags(args))
-    with console.status(f"archiving {bundle_dir(spec)}"):
-        archive = archive_bundle(bundle_dir(spec), build_dir(spec) / "edge")
-    console.print(f"bundle {archive.manifest.digest[:19]}… archive {archive.size / 1e6:.1f} MB", highlight=False)
     chunk_bytes = (args.chunk_mb or settings.chunk_mb) << 20
-    with DeviceProgress(console, options.devices) as progress:
-        results = push(options.devices, archive, options.auth, progress.update, chunk_bytes)
-    return print_results(console, f"push {spec.name}", results)
+    with PeakRss() as peak:  # a multi-GB bundle streams through: reported, and bounded by the tests
+        with console.status(f"archiving {bundle_dir(spec)}"):
+            archive = archive_bundle(bundle_dir(spec), build_dir(spec) / "edge")
+        console.print(f"bundle {archive.manifest.digest[:19]}… archive {archive.size / 1e6:.1f} MB", highlight=False)
+        with DeviceProgress(console, options.devices) as progress:
+            results = push(options.devices, archive, options.auth, progress.update, chunk_bytes)
+    footer = f"peak RSS of this push: {peak.bytes / 2**20:.0f} MiB for an archive of {archive.size / 1e6:.0f} MB"
+    return print_results(console, f"push {spec.name}", results, footer=footer)

@@ -8,16 +8,17 @@ device is unreachable, the token was refused, the TLS handshake failed, or the a
 from __future__ import annotations
 
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
 from packager.errors import UserError
 
 CHUNK_BYTES = 8 << 20
+PIECE_BYTES = 1 << 20  # what the client holds of a chunk at a time
 TIMEOUT = 30.0
 INSTALL_TIMEOUT = 900.0  # verify + unpack + load + smoke of a multi-GB bundle on a small device
 
@@ -90,10 +91,14 @@ class AgentClient:
         with archive.open("rb") as f:
             while offset < size:
                 f.seek(offset)
-                data = f.read(self.chunk_bytes)
-                headers = {"Content-Range": f"bytes {offset}-{offset + len(data) - 1}/{size}"}
+                length = min(self.chunk_bytes, size - offset)
+                headers = {
+                    "Content-Range": f"bytes {offset}-{offset + length - 1}/{size}",
+                    "Content-Length": str(length),  # so httpx sends the pieces as one body, not chunked
+                }
                 path = f"/agent/uploads/{upload_id}"
-                response = self._request("PUT", path, content=data, headers=headers, allow=(416,))
+                content = _pieces(f, length)
+                response = self._request("PUT", path, content=content, headers=headers, allow=(416,))
                 offset = int(response.headers["Upload-Offset"])  # on 416: where the agent really is
                 on_progress(offset)
         return UploadResult(resumed_from, size - resumed_from)
@@ -146,6 +151,22 @@ class AgentClient:
             code = _error_code(response)
             raise AgentError(self.url, "refused", f"{method} {path} refused ({response.status_code} {code}): {message}")
         raise AgentError(self.url, "failed", f"{method} {path} answered {response.status_code}: {message}")
+
+
+def _pieces(f: BinaryIO, length: int) -> Iterator[bytes]:
+    """`length` bytes of `f` from where it is, read as they are sent.
+
+    Not one `bytes` per chunk: an httpx response and its stream refer to each other, so each request, with the
+    content it sent, lives until Python's full garbage collection, which the size of bytes objects never
+    triggers. Measured: 25 chunks of 8 MiB (200 MiB) still held after a 758 MB push; a generator lets its
+    piece go once sent.
+    """
+    while length > 0:
+        piece = f.read(min(PIECE_BYTES, length))
+        if not piece:
+            raise UserError(f"{f.name} ended {length} bytes early: it changed during the push; push again")
+        length -= len(piece)
+        yield piece
 
 
 def _error_message(response: httpx.Response) -> str:

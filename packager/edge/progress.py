@@ -43,8 +43,8 @@ class DeviceProgress:
         self._progress.stop()
 
 
-def print_results(console: Console, title: str, results: list[DeviceResult]) -> int:
-    """The table, then each device's detail; raises `UserError` naming every device that failed."""
+def print_results(console: Console, title: str, results: list[DeviceResult], *, footer: str = "") -> int:
+    """The table, each device's detail, then `footer`; raises `UserError` naming every device that failed."""
     table = Table(title=title)
     for column in ("device", "result", "serving", "sent MB", "resumed at MB", "upload s", "install s"):
         table.add_column(column, overflow="fold")
@@ -63,6 +63,8 @@ def print_results(console: Console, title: str, results: list[DeviceResult]) -> 
     for r in results:
         if r.ok and r.detail:
             console.print(f"[dim]{r.device}: {r.detail}[/]", highlight=False)
+    if footer:
+        console.print(f"[dim]{footer}[/]", highlight=False)
     failed = [r for r in results if not r.ok]
     if failed:
         reasons = "\n".join(f"  - {r.device} ({r.outcome}): {r.detail}" for r in failed)

@@ -14,14 +14,12 @@ tokens the same in a batch as alone.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from packager.memory import tree_rss
+from packager.memory import run_sampled
 from packager.synthetic import published_config, synthetic_gguf
 from runtime.bundle import open_bundle
 from runtime.engine.engine import Engine, EngineConfig
@@ -48,14 +46,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
     spec = f'[export]\nprecision = "gguf"\nmax_context = 1024\n{GATE}[runtime]\nkv_memory_mb = 64\n'
     function = write_function(root, "synthetic-1b", f"gguf:{gguf}", spec)
     command = [sys.executable, "-m", "packager.cli", "build", str(function)]
-    process = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak = 0
-    while process.poll() is None:  # the whole tree: the builder runs in a child of the build
-        peak = max(peak, tree_rss(process.pid))
-        time.sleep(0.05)
-    output = process.stdout.read() if process.stdout else ""
-    assert process.returncode == 0, output[-3000:]
-    return gguf, root / "build" / "synthetic-1b" / "bundle", peak
+    with (root / "build.log").open("w+") as log:  # the whole tree is sampled: the builder runs in a child
+        run = run_sampled(command, cwd=root, env=env, stdout=log)
+        log.seek(0)
+        assert run.returncode == 0, log.read()[-3000:]
+    return gguf, root / "build" / "synthetic-1b" / "bundle", run.peak_rss
 
 
 def test_the_1b_shape_builds_within_the_memory_bound(built: tuple[Path, Path, int]) -> None:
