@@ -11,7 +11,9 @@ published shape (synthetic_models.py), every pair in the same run, interleaved r
 - a fresh start, exec to first token (page cache warm): onnxfn's server and engine against llama-cpp-python; and
   onnxfn's server woken from the `local` target's process snapshot (CRIU): the dump's size, wake to first token;
 - where one decode step's time goes by kind of node (node_profile.py), beside the demo bundle's;
-- the build: `pkg build`'s steps, time and peak RSS of the process tree against the bound.
+- the build: `pkg build`'s steps, time and peak RSS of the process tree against the bound;
+- shipping (shipping.py): `pkg image build --push`, `pkg image push` and `pkg push` of the bundle, each one's time
+  and peak RSS against the same bound.
 
 The transformers baseline and the onnxruntime-genai int4/int8 exports are not run at these sizes: each needs the
 model whole in float32 (an 8B folder is 32 GB, more than this machine's memory).
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packager.bench import coldstart, footprint, machine, sections
+from packager.bench import coldstart, footprint, machine, sections, shipping
 from packager.bench import synthetic_models as models
 from packager.bench.at_size_report import render
 from packager.bench.pool import Worker, WorkerError
@@ -48,7 +50,7 @@ COLD = ("onnxfn-http", "onnxfn", "llamacpp")  # onnxfn's server as deployed, its
 # serves the 8 streams one after another).
 DECODE_TOKENS = {"synthetic-1b": 128, "synthetic-8b": 64}
 STREAM_TOKENS = {"synthetic-1b": 32, "synthetic-8b": 16}
-SECTIONS = ("decode", "prefill", "concurrency", "cold", "profile", "build")
+SECTIONS = ("decode", "prefill", "concurrency", "cold", "profile", "build", "ship")
 PREFILL_LENGTH = 512
 STREAMS = 8
 PROFILE_ROUNDS = 3
@@ -235,6 +237,11 @@ def main(args: argparse.Namespace, repo: Path) -> int:
     if "profile" in chosen:
         print("bench: decode step by kind of node (ONNX Runtime's profiler)", flush=True)
         results["profile"] = measure_profile(prepared.bundle, args.threads, 2 if args.quick else PROFILE_ROUNDS, repo)
+        note_load(results)
+    if "ship" in chosen:
+        print("bench: shipping the bundle (pkg image build --push, pkg image push, pkg push)", flush=True)
+        bound = models.memory_bound(prepared.gguf)
+        results["shipping"] = shipping.measure_shipping(repo, prepared.spec, prepared.bundle, bound, args.threads)
         note_load(results)
     save()
     print(f"bench: wrote {args.out / 'results.md'} in {results['meta']['duration_s']:.0f} s", flush=True)

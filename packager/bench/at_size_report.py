@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from packager.bench import report
+from packager.bench import report, shipping
 from packager.bench.node_profile import KINDS, RESIDUAL
 from packager.bench.pairing import paired_interval
 from packager.bench.stats import median, median_interval
@@ -177,7 +177,10 @@ def target_rows(results: dict[str, Any]) -> list[list]:
         if runs := results.get("profile", {}).get("this model", {}).get("runs"):
             note += f" (residual terms: {runs[-1]['residual_bytes'] / 1e6:,.0f} MB as float32)"
         rows.append(_ceiling_row("bundle / GGUF", 1.25, size, note))
-    return rows + build_rows(results)
+    rows += build_rows(results)
+    if "shipping" in results:
+        rows.append(shipping.target_row(results["shipping"]))
+    return rows
 
 
 def render_header(results: dict[str, Any]) -> str:
@@ -306,6 +309,7 @@ RENDERERS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("cold", report.render_cold),
     ("profile", render_profile),
     ("build", render_build),
+    ("shipping", shipping.render),
 )
 
 

@@ -253,3 +253,29 @@ def test_the_fresh_start_and_the_wake_from_a_process_snapshot_are_rows_of_the_ta
     results["cold"]["warm_cache"]["systems"][PROCESS_SNAPSHOT] = {"error": "CRIU is not installed"}
     text = at_size_report.render(results)
     assert "error: CRIU is not installed" in text
+
+
+def test_shipping_is_a_row_of_the_targets_with_each_commands_peak_and_its_own_section() -> None:
+    results = copy.deepcopy(_results())
+    commands = [
+        {"command": "pkg image build", "seconds": 8.0, "peak_rss_bytes": 95 << 20},
+        {"command": "pkg image push", "seconds": 6.0, "peak_rss_bytes": 90 << 20},
+        {"command": "pkg push", "seconds": 12.0, "peak_rss_bytes": 55 << 20},
+    ]
+    install = [{"event": "installed", "phases": {"switch": 0.0, "digest": 0.5, "load_and_smoke": 5.0}}]
+    results["shipping"] = {"bundle_bytes": 758e6, "bound_bytes": 3.31e9, "commands": commands, "install": install}
+    text = at_size_report.render(results)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    row = rows["image build, image push, pkg push: peak RSS of the process tree / bound"]
+    assert "| 95 MiB of 3.31 GB | - | met |" in row and "pkg push 55 MiB; the bundle is 758 MB" in row
+    assert "| pkg image build | 8.0 | 95 | 95 |" in text  # seconds, MiB, the bundle's MB over the seconds
+    assert "The agent's install: digest 0.5 s, load_and_smoke 5.0 s, switch 0.0 s." in text
+
+    # A command that failed is shown with its error, and the target is not met by the others' figures.
+    results["shipping"]["commands"][2] = {**commands[2], "error": "exit 1: error: 1 of 1 device(s) failed"}
+    text = at_size_report.render(results)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert "**missed**" in rows["image build, image push, pkg push: peak RSS of the process tree / bound"]
+    assert "| pkg push | - | - | - | exit 1: error: 1 of 1 device(s) failed |" in text
+    results["shipping"] = {"skipped": "the bundle was given with --bundle"}
+    assert "Not run: the bundle was given with --bundle." in at_size_report.render(results)
