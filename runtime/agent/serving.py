@@ -103,6 +103,8 @@ def load_serving(bundle: Bundle, options: ServingOptions) -> Serving:
 
 def smoke_test(engine: Engine, bundle: Bundle, timeout: float) -> None:
     """Generate `SMOKE_TOKENS` greedy tokens from a short prompt; raise `LoadError` unless that works."""
+    from runtime.engine.graphs import decoder_facts
+    from runtime.engine.kv_cache import context_reason
     from runtime.engine.request import GenerationRequest, SamplingParams
 
     tokenizer = engine.tokenizer
@@ -115,6 +117,11 @@ def smoke_test(engine: Engine, bundle: Bundle, timeout: float) -> None:
         tuple(tokenizer.encode(text)),
         SamplingParams(max_tokens=SMOKE_TOKENS, temperature=0.0, ignore_eos=True),
     )
+    needed = len(request.prompt_token_ids) + SMOKE_TOKENS
+    if needed > engine.max_context:  # the KV budget is per device: say which setting, not "reduce the prompt"
+        config = engine.config
+        reason = context_reason(decoder_facts(bundle), config.max_batch, config.kv_memory_bytes, config.max_context)
+        raise LoadError(f"the smoke generation needs {needed} tokens and {reason}", code="smoke_failed")
     with ThreadPoolExecutor(1, thread_name_prefix="onnxfn-smoke") as pool:
         future = pool.submit(engine.generate, request)
         try:

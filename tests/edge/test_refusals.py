@@ -103,3 +103,18 @@ def test_refused_bundles_never_replace_the_served_one(devices, workspace, bundle
     with pytest.raises(AgentError, match="send the rest first"):
         client.install("b" * 64)
     client.close()
+
+
+def test_a_kv_budget_too_small_for_the_smoke_request_is_refused_naming_the_setting(
+    devices, workspace, bundle_pair
+) -> None:
+    # 1 MiB of KV pool for 8 slots holds 2 tokens of the demo model per request: the smoke request cannot fit.
+    (device,) = devices(1, extra_args=["--kv-memory-mb", "1", "--max-batch", "8"])
+    (result,) = push([device.url], workspace.archive(bundle_pair[0]), DeviceAuth(TOKEN), lambda *a: None, 8 << 20)
+    assert result.outcome == "refused", result
+    expected = (
+        r"the smoke generation needs \d+ tokens and the context is 2 tokens: \[runtime\] kv_memory_mb "
+        r"\(--kv-memory-mb, 1\) holds no more for each of the 8 slots"
+    )
+    assert re.search(expected, result.detail), result.detail
+    assert device.status()["current"] is None
