@@ -79,8 +79,9 @@ def _run(repo: Path, env: dict[str, str], scratch: Path, argv: list[str]) -> dic
         log.seek(0)
         output = log.read()
     entry: dict[str, Any] = {"command": name, "seconds": run.seconds, "peak_rss_bytes": run.peak_rss}
-    if run.returncode != 0:
-        entry["error"] = f"exit {run.returncode}: {' '.join(output.split())[-600:]}"
+    if run.returncode != 0:  # the CLI's message starts at "error:"; before it, progress bars and tables
+        message = output[output.rfind("error:") :] if "error:" in output else output[-600:]
+        entry["error"] = f"exit {run.returncode}: {' '.join(message.split())[:600]}"
     return entry
 
 
@@ -98,7 +99,8 @@ class _Agent:
         command = [
             sys.executable, "-m", "runtime", "agent", "--bundle-root", str(self.scratch / "agent"),
             "--token-file", str(token), "--host", "127.0.0.1", "--port", str(port),
-            "--kv-memory-mb", "64", "--threads", str(self.threads), "--log-level", "warning",
+            # One slot holding the whole context (an 8B model's fp32 KV is 256 KiB a token): its smoke request fits.
+            "--max-batch", "1", "--kv-memory-mb", "256", "--threads", str(self.threads), "--log-level", "warning",
         ]  # fmt: skip
         with (self.scratch / "agent.log").open("wb") as log:
             self.process = subprocess.Popen(command, cwd=self.repo, stdout=log, stderr=subprocess.STDOUT)
