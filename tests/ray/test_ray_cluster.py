@@ -11,6 +11,7 @@ import concurrent.futures
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -129,11 +130,16 @@ def test_a_full_proxy_queue_answers_429_with_retry_after(deployed: Deployed) -> 
     running = len(deployed.replicas())
     capacity = running * 8 + 16  # max_ongoing_requests (min(2 x max_batch, max_queue)) each + max_queued_requests
     burst = capacity + 16
+    # Sent at once, each holding its slot for all 48 tokens: on a fast host, one-sentence answers that end at EOS
+    # freed slots before the burst had all arrived, and nothing was refused.
+    together = threading.Barrier(burst)
+    body = {"model": FUNCTION, "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 48,
+            "ignore_eos": True}  # fmt: skip
 
     def one(_: int) -> httpx.Response:
+        together.wait()
         return httpx.post(
-            f"{deployed.base_url}/chat/completions",
-            json={"model": FUNCTION, "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 48},
+            f"{deployed.base_url}/chat/completions", json=body,
             headers={"Authorization": f"Bearer {deployed.key}"}, timeout=300,
         )  # fmt: skip
 
