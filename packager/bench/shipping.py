@@ -45,7 +45,7 @@ def measure_shipping(repo: Path, spec: FunctionSpec, bundle: Path, bound: float,
     commands: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-ship-", dir=repo / build_dir(spec)) as scratch_dir:
         scratch = Path(scratch_dir)
-        env = {**os.environ, "ONNXFN_CACHE_DIR": str(_image_cache(scratch / "cache")), "ONNXFN_EDGE_TOKEN": TOKEN}
+        env = {**os.environ, "ONNXFN_CACHE_DIR": str(image_cache(scratch / "cache")), "ONNXFN_EDGE_TOKEN": TOKEN}
         function = str(spec.directory)
         try:
             with run_registry(scratch / "registry") as registry:
@@ -61,7 +61,7 @@ def measure_shipping(repo: Path, spec: FunctionSpec, bundle: Path, bound: float,
     return {"bundle_bytes": size, "bound_bytes": bound, "commands": commands, "install": history[-1:]}
 
 
-def _image_cache(cache: Path) -> Path:
+def image_cache(cache: Path) -> Path:
     """A cache that shares the user's runtime base layers (built once per machine) and nothing else."""
     cache.mkdir()
     for kind in BASE_LAYERS:
@@ -160,8 +160,8 @@ def render(results: dict[str, Any]) -> str:
             report.fmt(size / 1e6 / seconds, 0), "",
         ])  # fmt: skip
     install = ""
-    if shipping.get("install"):
-        phases = shipping["install"][-1].get("phases", {})
+    phases = shipping["install"][-1].get("phases", {}) if shipping.get("install") else {}
+    if phases:  # a refused install has none
         ordered = sorted(phases, key=lambda k: INSTALL_PHASES.index(k) if k in INSTALL_PHASES else len(INSTALL_PHASES))
         install = " The agent's install: " + ", ".join(f"{k} {phases[k]:.1f} s" for k in ordered) + "."
     note = (

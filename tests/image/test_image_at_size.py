@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from packager.bench.shipping import image_cache
 from packager.image import ImageResult
 from packager.memory import SampledRun, run_sampled
-from packager.paths import cache_root
 from tests.fixtures.large_bundle import padded_function
 from tests.image.conftest import LocalRegistry
 
@@ -26,7 +26,6 @@ REPO = Path(__file__).resolve().parents[2]
 NAME = "image-at-size"
 PADDING = 1_500_000_000
 BOUND = 256 << 20
-BASE_LAYERS = ("image-os", "image-deps", "image-debs")  # cache kinds of the runtime base, built by demo_image
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +34,7 @@ def project(demo_image: ImageResult, demo_bundle: Path, tmp_path_factory: pytest
     base layers (already built for `demo_image`): the bundle layer is written by the command measured."""
     root = tmp_path_factory.mktemp("image-at-size")
     padded_function(root, NAME, demo_bundle, PADDING)
-    cache = root / "cache"
-    cache.mkdir()
-    for kind in BASE_LAYERS:
-        (cache / kind).symlink_to(cache_root() / kind, target_is_directory=True)
+    image_cache(root / "cache")
     return root
 
 
