@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
+from packager.bench.local_registry import LocalRegistry
 from packager.cli import main
 from tests.conftest import DEMO_FUNCTION
 from tests.fixtures.moto_server import MotoServer, running_moto_server
-from tests.image.conftest import LocalRegistry, image_tools, registry, run_registry  # noqa: F401  (fixtures)
+from tests.image.conftest import image_tools, registry  # noqa: F401  (fixtures)
 
 MOTO_SITE = Path(__file__).resolve().parent / "moto_site"
 # The Lambda account quota moto enforces when asked to: reserving more than 900 leaves under 100 unreserved.

@@ -11,22 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from packager.bench.local_registry import PASSWORD, USER, LocalRegistry, run_registry
+from packager.bench.local_registry import LocalRegistry, run_registry
 from packager.image import ImageResult, build_image
 from packager.image.run import Podman
 from packager.progress import StepProgress
 from packager.spec import FunctionSpec, load_spec
-from packager.targets.local import server_process
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = ("docker-registry", "debootstrap", "podman", "runc")
-
-
-__all__ = ["PASSWORD", "USER", "LocalRegistry", "free_port"]  # what the image tests import from here
-
-
-def free_port() -> int:
-    return server_process.free_port("127.0.0.1")
 
 
 @pytest.fixture(scope="session")

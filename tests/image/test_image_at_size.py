@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from packager.bench.local_registry import LocalRegistry
 from packager.bench.shipping import image_cache
 from packager.image import ImageResult
 from packager.memory import SampledRun, run_sampled
 from tests.fixtures.large_bundle import padded_function
-from tests.image.conftest import LocalRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = "image-at-size"

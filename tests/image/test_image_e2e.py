@@ -16,12 +16,13 @@ import pytest
 import requests
 from openai import OpenAI
 
+from packager.bench.local_registry import LocalRegistry
 from packager.image import ImageResult, RegistryTarget, app_layer, build_image, pull_image, push_layout
 from packager.image.run import Podman, pull_registry
 from packager.processes import stop_process
 from packager.progress import StepProgress
 from packager.spec import FunctionSpec
-from tests.image.conftest import LocalRegistry, free_port
+from packager.targets.local.server_process import free_port
 
 API_KEY = "image-test-key"
 TIMINGS: dict[str, float] = {}
@@ -157,7 +158,7 @@ def test_pulled_image_serves_chat_sagemaker_and_lambda(
     )  # fmt: skip
     assert probe.stdout.strip() == "[True, True, True, False, False]"
 
-    port = free_port()
+    port = free_port("127.0.0.1")
     log = tmp_path / "http.log"
     with running(podman, image, log, "http", "--host", "127.0.0.1", "--port", str(port)):
         start = time.perf_counter()
@@ -178,7 +179,7 @@ def test_pulled_image_serves_chat_sagemaker_and_lambda(
         assert usage is not None and usage.prompt_tokens > 10 and 0 < usage.completion_tokens <= 16
         assert requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).status_code == 401  # the key is enforced
 
-    port = free_port()
+    port = free_port("127.0.0.1")
     log = tmp_path / "sagemaker.log"
     # SageMaker runs `IMAGE serve`; the extra flags only move it off 8080 for this shared host.
     with running(podman, image, log, "serve", "--host", "127.0.0.1", "--port", str(port)):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from packager.bench.local_registry import PASSWORD, USER, LocalRegistry
 from packager.errors import UserError
 from packager.image import RegistryAuth, RegistryTarget, build_image, pull_image, push_layout
 from packager.image.layers import tree_entries, write_layer
@@ -19,7 +20,7 @@ from packager.image.layout import ContainerConfig, image_index, platform_image, 
 from packager.image.platforms import PLATFORMS
 from packager.progress import StepProgress
 from packager.spec import FunctionSpec
-from tests.image.conftest import PASSWORD, USER, LocalRegistry, free_port
+from packager.targets.local.server_process import free_port
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def test_missing_bundle_names_the_fix(demo_spec: FunctionSpec, tmp_path: Path) -
 
 
 def test_unreachable_registry_fails_fast(tiny_layout: Path) -> None:
-    target = RegistryTarget.parse(f"127.0.0.1:{free_port()}/onnxfn/tiny:latest")
+    target = RegistryTarget.parse(f"127.0.0.1:{free_port('127.0.0.1')}/onnxfn/tiny:latest")
     start = time.perf_counter()
     with pytest.raises(UserError, match=r"registry 127\.0\.0\.1:\d+ is unreachable \(http\): connection refused"):
         push_layout(tiny_layout, target)
