@@ -104,6 +104,33 @@ with lock.held(Path(sys.argv[1]), "chat", "deploy", print):
 """
 
 
+def test_a_waiter_names_a_holder_that_writes_its_name_late(tmp_path: Path) -> None:
+    # The CI race: the holder has taken the lock but not yet written who it is (a loaded machine).
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_THEN_NAME, str(tmp_path / lock.LOCK_FILE)], stdout=subprocess.PIPE, text=True
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        said: list[str] = []
+        with pytest.raises(UserError), lock.held(tmp_path, "chat", "deploy", said.append, wait=1.5):
+            pass
+        assert said == [f"waiting for another pkg (pid {holder.pid}, destroy) to finish with chat (at most 2 s)"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+LOCK_THEN_NAME = """
+import fcntl, json, os, sys, time
+descriptor = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(descriptor, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(0.5)
+os.pwrite(descriptor, json.dumps({"pid": os.getpid(), "action": "destroy"}).encode(), 0)
+time.sleep(60)
+"""
+
+
 def test_a_server_started_under_the_lock_does_not_keep_it(tmp_path: Path) -> None:
     with lock.held(tmp_path, "chat", "deploy", pytest.fail):
         child = subprocess.Popen(["sleep", "30"], start_new_session=True)

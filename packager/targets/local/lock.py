@@ -35,6 +35,10 @@ LOCK_FILE = "deploy.lock"
 # dumps the process), so a waiter gives up only on a `pkg` that is stuck.
 WAIT_SECONDS = 300.0
 _POLL = 0.1
+# How long a waiter gives a holder that has just taken the lock to write its name there.
+_NAMING = 2.0
+_NAME_BYTES = 128
+_UNKNOWN = "pid unknown"
 
 
 class Busy(UserError):
@@ -60,26 +64,38 @@ def held(
     umask = os.umask(PRIVATE_UMASK)
     try:
         if not _try_lock(descriptor):
-            holder = _holder(descriptor)
             if wait <= 0:
-                raise Busy(f"another process ({holder}) is changing {function}")
-            say(f"waiting for another pkg ({holder}) to finish with {function} (at most {wait:.0f} s)")
-            deadline = time.monotonic() + wait
-            while not _try_lock(descriptor):
-                if time.monotonic() > deadline:
-                    raise UserError(
-                        f"another pkg ({_holder(descriptor)}) has been changing {function}'s local deployment for "
-                        f"more than {wait:.0f} s; wait for it to finish, or stop it and run this again "
-                        f"(lock: {directory / name})"
-                    )
-                time.sleep(_POLL)
+                raise Busy(f"another process ({_holder(descriptor)}) is changing {function}")
+            _wait_for(descriptor, directory / name, function, wait, say)
         with contextlib.suppress(OSError):  # who holds it is for a waiter's message only (a full disk: unsaid)
-            os.ftruncate(descriptor, 0)
-            os.pwrite(descriptor, json.dumps({"pid": os.getpid(), "action": action}).encode(), 0)
+            # One write, padded over what a previous holder wrote (no truncate: a waiter never reads it empty).
+            os.pwrite(descriptor, json.dumps({"pid": os.getpid(), "action": action}).encode().ljust(_NAME_BYTES), 0)
         yield
     finally:
         os.umask(umask)
         os.close(descriptor)  # releases the lock
+
+
+def _wait_for(descriptor: int, path: Path, function: str, wait: float, say: Callable[[str], None]) -> None:
+    """Wait up to `wait` seconds for the lock, telling the user once whom they wait for.
+
+    A holder writes its name just after it takes the lock: a waiter that finds the file not yet named gives it
+    a moment (`_NAMING`) before it says "pid unknown", so a busy machine does not make the message vaguer."""
+    started = time.monotonic()
+    told = False
+    while not _try_lock(descriptor):
+        waited = time.monotonic() - started
+        if not told:
+            holder = _holder(descriptor)
+            if holder != _UNKNOWN or waited > _NAMING:
+                say(f"waiting for another pkg ({holder}) to finish with {function} (at most {wait:.0f} s)")
+                told = True
+        if waited > wait:
+            raise UserError(
+                f"another pkg ({_holder(descriptor)}) has been changing {function}'s local deployment for "
+                f"more than {wait:.0f} s; wait for it to finish, or stop it and run this again (lock: {path})"
+            )
+        time.sleep(_POLL)
 
 
 def busy(directory: Path, name: str = LOCK_FILE) -> bool:
@@ -112,7 +128,7 @@ def _try_lock(descriptor: int) -> bool:
 def _holder(descriptor: int) -> str:
     """ "pid 123, deploy" from the lock file, as far as the holder has written it yet."""
     try:
-        data = json.loads(os.pread(descriptor, 256, 0))
+        data = json.loads(os.pread(descriptor, _NAME_BYTES, 0))
         return f"pid {int(data['pid'])}, {data['action']}"
     except (ValueError, KeyError, TypeError):
-        return "pid unknown"
+        return _UNKNOWN
