@@ -4,6 +4,7 @@ request, then Ctrl-C (SIGINT to `pkg`, or to its whole process group as a termin
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -26,17 +27,25 @@ def start_serve(workspace: Workspace, *args: str) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-def wait_ready(serve: subprocess.Popen[str], url: str) -> None:
+def wait_ready(serve: subprocess.Popen[str], url: str) -> str:
+    """Wait for `pkg serve` itself to announce the server at `url`; returns what it printed so far.
+
+    Its own announcement, not a probe of our own: `pkg serve` probes /ready separately, and a test that signalled
+    it after its own probe could stop it before it announced anything. Read from the descriptor (select, then
+    os.read), so the pipe's text wrapper stays empty for the `communicate()` that reads the rest."""
+    assert serve.stdout is not None
+    descriptor, printed = serve.stdout.fileno(), b""
     deadline = time.monotonic() + READY_TIMEOUT
-    while time.monotonic() < deadline:
-        assert serve.poll() is None, serve.communicate()
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"{url} was not ready after {READY_TIMEOUT:.0f} s")
+    while f" is ready at {url}/v1".encode() not in printed:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            pytest.fail(f"pkg serve did not say it was ready at {url} after {READY_TIMEOUT:.0f} s: {printed!r}")
+        if select.select([descriptor], [], [], remaining)[0]:
+            chunk = os.read(descriptor, 65536)
+            if not chunk:
+                pytest.fail(f"pkg serve exited before it was ready: {printed!r} {serve.communicate()}")
+            printed += chunk
+    return printed.decode()
 
 
 def server_pids(serve: subprocess.Popen[str]) -> list[int]:
@@ -56,7 +65,7 @@ def test_serve_answers_then_ctrl_c_stops_it_cleanly(workspace: Workspace, how: s
     url = f"http://127.0.0.1:{port}"
     serve = start_serve(workspace, "--port", str(port))
     try:
-        wait_ready(serve, url)
+        announced = wait_ready(serve, url)
         servers = server_pids(serve)
         assert len(servers) == 1, servers
         reply = httpx.post(
@@ -71,6 +80,7 @@ def test_serve_answers_then_ctrl_c_stops_it_cleanly(workspace: Workspace, how: s
         else:  # a terminal signals its foreground process group: `pkg`, not the server in a group of its own
             os.killpg(serve.pid, signal.SIGINT)
         stdout, stderr = serve.communicate(timeout=30)
+        stdout = announced + stdout
     finally:
         kill_session(serve.pid)
     assert serve.returncode == 0, stderr

@@ -56,7 +56,7 @@ def read_chunks(response: httpx.Response, count: int) -> Iterator[str]:
     return lines
 
 
-def test_disconnect_mid_stream_frees_the_slot_within_a_step_or_two(tight: RunningServer) -> None:
+def test_disconnect_mid_stream_frees_the_slot_within_a_few_steps(tight: RunningServer) -> None:
     tokens_before = tight.engine.stats().tokens_out
     with (
         httpx.Client(base_url=tight.url, timeout=60) as http,
@@ -65,8 +65,9 @@ def test_disconnect_mid_stream_frees_the_slot_within_a_step_or_two(tight: Runnin
         lines = read_chunks(response, 4)
         assert tight.engine.stats().running == 1
         del lines
-    steps = wait_idle(tight)
-    assert steps <= 3
+    # A step is a few ms here: the bound leaves the server's loop thread room to be descheduled on a loaded
+    # machine, far below the LONG - 4 steps a slot kept by a gone client would take.
+    assert wait_idle(tight) <= 12
     assert tight.engine.stats().tokens_out - tokens_before < LONG // 2
 
 
@@ -75,7 +76,7 @@ def test_disconnect_while_waiting_for_a_whole_reply_frees_the_slot(tight: Runnin
     timeout = httpx.Timeout(60, read=1.0)
     with httpx.Client(base_url=tight.url, timeout=timeout) as http, pytest.raises(httpx.ReadTimeout):
         http.post("/v1/chat/completions", json=long_chat(tight))
-    assert wait_idle(tight) <= 3
+    assert wait_idle(tight) <= 12
     assert tight.engine.stats().tokens_out - tokens_before < LONG
 
 

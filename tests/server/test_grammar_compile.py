@@ -43,7 +43,8 @@ def test_a_compile_past_the_limit_is_a_400_and_the_loop_kept_running() -> None:
     error, ticks = asyncio.run(scenario())
     assert (error.status, error.param) == (400, "guided_grammar")
     assert error.message == "'guided_grammar' took longer than 0.2 s to compile; use a smaller or simpler grammar"
-    assert ticks >= 10  # the loop ticked every 10 ms while the thread worked
+    # The loop kept ticking while the thread worked (~19 ticks idle; a loop the compile blocked gets 0 or 1).
+    assert ticks >= 3
 
 
 def test_a_compile_still_waiting_for_its_turn_is_a_429_and_never_runs() -> None:
