@@ -17,6 +17,8 @@ from tests.deploy_local.conftest import FUNCTION, Workspace
 pytestmark = pytest.mark.real_model
 
 CHROMIUM = Path("/usr/bin/chromium")
+# The page polls every 2 s: playwright's default 5 s for an expectation is two polls, too few for a loaded machine.
+expect.set_options(timeout=30_000)
 
 
 @pytest.fixture

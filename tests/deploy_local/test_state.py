@@ -159,11 +159,8 @@ def test_the_launcher_records_how_the_server_ended(
     if prefix and signal_number == 15:
         pytest.skip("the first process of a pid namespace ignores signals it has no handler for, but SIGKILL")
     # Killed from outside, as the kernel's OOM killer or a user would; the real server handles SIGTERM (exit 0).
-    command = (
-        sys.executable,
-        "-c",
-        "import sys, time; time.sleep(1); sys.exit(3)",
-    )
+    # One that is signalled lives until it is (a slow machine's kill must not find it already exited).
+    command = (sys.executable, "-c", f"import sys, time; time.sleep({60 if signal_number else 1}); sys.exit(3)")
     exit_file = tmp_path / "server.exit"
     started = time.time()
     with (tmp_path / "log").open("wb") as log:

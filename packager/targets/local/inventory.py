@@ -23,6 +23,7 @@ from packager.targets.local.records import LocalDeployment, ServerState
 
 REASON_LOG_LINES = 5
 SCRAPE_TIMEOUT = 2.0
+EXIT_STATUS_WAIT = 1.0  # seconds: the launcher writes the exit status a moment after the server ends
 REQUESTS_METRIC = "onnxfn_http_requests"  # a counter by route and status (runtime/api/metrics.py)
 
 
@@ -76,13 +77,25 @@ def how_it_ended(deployment: LocalDeployment) -> str:
             f"the server (pid {deployment.pid}) went over its memory limit ([targets.local] memory_mb = "
             f"{deployment.memory_mb}) and the kernel's OOM killer ended it"
         )
-    code = None
-    if deployment.exit_file:
-        code = server_process.recorded_exit(Path(deployment.exit_file), deployment.started_at)
+    code = _recorded_exit(deployment)
     if code is not None:
         return f"the server (pid {deployment.pid}) {server_process.exit_reason(code)}"
     unknown = "it was resumed from a process snapshot" if deployment.start == "restored" else "no exit status recorded"
     return f"the server (pid {deployment.pid}) is gone ({unknown}); its log may say why"
+
+
+def _recorded_exit(deployment: LocalDeployment) -> int | None:
+    """The exit status its launcher wrote, waiting `EXIT_STATUS_WAIT` for it: the launcher writes it a moment
+    after the server ends, and `pkg status` run just then (or the gateway noting a crash) should still say it.
+    A server resumed from a process snapshot has no launcher: nothing to wait for."""
+    if not deployment.exit_file:
+        return None
+    deadline = time.monotonic() + (EXIT_STATUS_WAIT if deployment.start != "restored" else 0)
+    while True:
+        code = server_process.recorded_exit(Path(deployment.exit_file), deployment.started_at)
+        if code is not None or time.monotonic() >= deadline:
+            return code
+        time.sleep(0.05)
 
 
 def _log_tail(deployment: LocalDeployment, lines: int) -> tuple[str, ...]:

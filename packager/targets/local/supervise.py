@@ -20,8 +20,6 @@ from packager.targets.local.crashes import CRASHLOOP_CRASHES, crashloop_left, de
 from packager.targets.local.records import LocalDeployment
 from packager.targets.local.starting import StartFailed
 
-EXIT_STATUS_WAIT = 1.0  # the launcher writes the exit status a moment after the server ends
-
 
 class CrashLoop(UserError):
     """The function crashed too often in the window; the gateway does not start it again yet."""
@@ -33,7 +31,7 @@ def record_crash(directory: Path) -> LocalDeployment | None:
         deployment = store.load(directory)
         if deployment is None or not _crashed(deployment):
             return deployment
-        return _noted(directory, deployment, _how_it_ended(deployment))
+        return _noted(directory, deployment, inventory.how_it_ended(deployment))
 
 
 def restart(directory: Path, *, timeout: float = READY_TIMEOUT) -> LocalDeployment:
@@ -52,7 +50,7 @@ def restart(directory: Path, *, timeout: float = READY_TIMEOUT) -> LocalDeployme
             return _adopted(directory, deployment, timeout)
         now = time.time()
         if _crashed(deployment):
-            deployment = _noted(directory, deployment, _how_it_ended(deployment))
+            deployment = _noted(directory, deployment, inventory.how_it_ended(deployment))
         if crashloop_left(deployment, now) > 0:
             raise CrashLoop(describe(deployment, now))
         again = replace(deployment, crashloop_since=None)  # recorded once it is ready
@@ -100,15 +98,6 @@ def _noted(directory: Path, deployment: LocalDeployment, reason: str, at: float 
     )
     store.save(directory, noted)
     return noted
-
-
-def _how_it_ended(deployment: LocalDeployment) -> str:
-    deadline = time.monotonic() + EXIT_STATUS_WAIT
-    while deployment.exit_file and time.monotonic() < deadline:
-        if server_process.recorded_exit(Path(deployment.exit_file), deployment.started_at) is not None:
-            break
-        time.sleep(0.05)
-    return inventory.how_it_ended(deployment)
 
 
 def _quiet(message: str) -> None:
