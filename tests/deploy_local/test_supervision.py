@@ -25,6 +25,7 @@ import httpx
 import msgpack
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from packager.targets.local.crashes import CRASHLOOP_CRASHES
 from tests.conftest import DEMO_FUNCTION
@@ -67,6 +68,20 @@ def kill(space: Workspace, name: str = FUNCTION) -> int:
     while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
     return pid
+
+
+def wait_running(space: Workspace, key: str, count: int) -> None:
+    """Until the server's engine holds `count` requests (its /metrics, read directly)."""
+    url, running = f"{space.state()['url']}/metrics", None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = httpx.get(url, headers={"authorization": f"Bearer {key}"}, timeout=5).text
+        families = {family.name: family for family in text_string_to_metric_families(text)}
+        running = int(families["onnxfn_running_requests"].samples[0].value)
+        if running == count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the server holds {running} requests after 60 s, not {count}")
 
 
 def chat(space: Workspace, key: str, **extra: Any) -> httpx.Response:
@@ -127,8 +142,9 @@ def test_a_server_killed_mid_answer_fails_every_answer_and_is_started_again(work
 
     threads = [in_thread(lambda n=name: sdk_stream(n)) for name in ("sdk0", "sdk1", "sdk2")]  # type: ignore[misc]
     threads += [in_thread(sse), in_thread(msgpack_stream), in_thread(whole)]
-    for name, event in going.items():  # every stream is under way: the non-streamed request is in the batch too
+    for name, event in going.items():  # every stream is under way
         assert event.wait(120), f"{name} never got its first chunks: {results.get(name)}"
+    wait_running(workspace, key, len(threads))  # and the non-streamed request is in the batch too
     pid = kill(workspace)
     for thread in threads:
         thread.join(120)

@@ -138,12 +138,12 @@ def test_interrupted_uploads_resume(devices, workspace, bundle_pair, tmp_path) -
     after_pusher = client.offset(archive.sha256)
     assert killed_at <= after_pusher < archive.size
 
-    results: list = []
-    worker = threading.Thread(target=lambda: results.extend(push([device.url], archive, auth, _quiet, 1 << 20)))
-    worker.start()
-    _wait_for_offset(client, archive.sha256, 0.6 * archive.size)
-    device.kill()
-    worker.join()
+    def kill_past_60_percent(url: str, phase: str, done: int, total: int) -> None:
+        """The device dies once it holds 60 %: from the pushing thread, so no chunk goes out after that."""
+        if phase == "upload" and done >= 0.6 * total and device.process is not None:
+            device.kill()
+
+    results = push([device.url], archive, auth, kill_past_60_percent, 1 << 20)
     assert results[0].outcome == "unreachable"
     assert results[0].resumed_from == 0 and results[0].sent == 0  # the failed attempt reports nothing sent
     device.start()

@@ -271,6 +271,17 @@ class Terminal:
                     pytest.fail(f"pkg ended before {wanted!r}: {self.output[start:]!r}")
         self.matched = self.output.index(wanted, start) + len(wanted)
 
+    def wait_blocked(self) -> None:
+        """Wait until pkg sleeps (at a prompt: in readline's select).
+
+        CPython's readline shows the prompt, then selects on stdin with no timeout, and reads a pending signal
+        only when that select is interrupted: a Ctrl-C that lands in between is held until the next key. A user
+        never types that fast; a test on a loaded machine can, so it waits for the select as a user would."""
+        deadline = time.monotonic() + self.timeout
+        while Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "S":
+            assert time.monotonic() < deadline, "pkg never waited for input"
+            time.sleep(0.01)
+
     def exit_code(self) -> int:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
