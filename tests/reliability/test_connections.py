@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from runtime.http.connections import EVICT_MIN_IDLE
 from tests.reliability.conftest import SERVER_FLAGS, assert_serves
 from tests.reliability.live import LiveServer, live_server
 
@@ -131,7 +132,8 @@ def test_silent_flood_beyond_the_descriptor_limit(guarded: LiveServer) -> None:
             sock.close()
     # Before: at the limit accept() failed with EMFILE, /health timed out and the log grew by a traceback per
     # failed accept. Now the server stays below its limit by closing the idle sockets.
-    assert max(health) < 1.0 and max(chats) < 1.0, (health, chats)
+    # Far above a loaded machine's stall, below the 5 s the requests timed out at before.
+    assert max(health) < 3.0 and max(chats) < 3.0, (health, chats)
     assert fds < SERVER_FDS - 64, fds
     log = guarded.log.read_text()[log_before:]
     assert "Too many open files" not in log
@@ -208,14 +210,17 @@ def test_busy_connections_at_the_cap_get_an_immediate_503(impatient: LiveServer)
             started = time.perf_counter()
             reply = answer(ninth, 5)
         assert reply.startswith(b"HTTP/1.1 503 ") and b"limit of 8 connections" in reply, reply
-        assert b"retry-after: 1" in reply and time.perf_counter() - started < 0.5
+        # At once: well within the one-second head timeout that would otherwise have answered it.
+        assert b"retry-after: 1" in reply and time.perf_counter() - started < 0.9
     finally:
         for sock in busy:
             sock.close()
     # Idle ones are another matter: at the cap, a newcomer closes the longest-idle connection.
     idle = silent_sockets(impatient, 8)
     try:
-        time.sleep(0.5)
+        wait_connected(idle)
+        wait_settled(impatient)  # accepted: from now on their silence counts as idle
+        time.sleep(EVICT_MIN_IDLE + 0.25)
         assert timed_get(impatient, "/health") < 1.0
     finally:
         for sock in idle:
